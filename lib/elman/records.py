@@ -1,0 +1,122 @@
+"""Records of GPU runs in `runs/<UTC date-time>_<commit>_<gpu>/records.jsonl`.
+
+A record is one JSON object: `kind` (parity | bench | train), `variant`, `impl`,
+`params`, `metrics`, `env` (gpu, driver, torch, CUDA, commit, dirty flag) and `time`.
+Every number in the book is read from records. Writes are atomic: the file is rewritten
+to a temporary name under an exclusive lock and renamed over the old one, so concurrent
+writers (several training jobs) never lose or tear a record.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import fcntl
+import json
+import os
+import platform
+import re
+import subprocess
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+RUNS = ROOT / "runs"
+KINDS = ("parity", "bench", "train")
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+@lru_cache(maxsize=1)
+def env() -> dict[str, Any]:
+    """Where and with what a record was made."""
+    info: dict[str, Any] = {
+        "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
+        "commit": os.environ.get("ELMAN_COMMIT") or _git("rev-parse", "--short=10", "HEAD") or "unknown",
+        "dirty": (os.environ.get("ELMAN_DIRTY") == "1") if "ELMAN_DIRTY" in os.environ
+        else bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "gpu": None, "driver": None,
+    }
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name()
+        p = torch.cuda.get_device_properties(0)
+        info["sm_count"] = p.multi_processor_count
+        info["capability"] = f"{p.major}.{p.minor}"
+        try:
+            info["driver"] = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True, text=True, timeout=10).stdout.strip().splitlines()[0]
+        except (OSError, subprocess.SubprocessError, IndexError):
+            pass
+    return info
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower() or "cpu"
+
+
+def run_dir(create: bool = True) -> Path:
+    """The current run's folder: `$ELMAN_RUN_DIR` if set (the GPU script sets one for the
+    whole pass), else a new `runs/<UTC>_<commit>_<gpu>/`."""
+    if os.environ.get("ELMAN_RUN_DIR"):
+        path = Path(os.environ["ELMAN_RUN_DIR"])
+    else:
+        e = env()
+        stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        path = RUNS / f"{stamp}_{e['commit']}_{_slug(e['gpu'] or 'cpu')}"
+        os.environ["ELMAN_RUN_DIR"] = str(path)
+    if create:
+        path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def make(kind: str, variant: str, impl: str, params: dict, metrics: dict) -> dict[str, Any]:
+    if kind not in KINDS:
+        raise ValueError(f"record kind must be one of {KINDS}, got {kind!r}")
+    return {"kind": kind, "variant": variant, "impl": impl, "params": params,
+            "metrics": metrics, "env": env(),
+            "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+
+
+def write(records: dict | Iterable[dict], folder: Path | None = None) -> Path:
+    """Append records to `<folder>/records.jsonl` atomically; returns the file."""
+    recs = [records] if isinstance(records, dict) else list(records)
+    folder = folder or run_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "records.jsonl"
+    with open(folder / ".records.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        old = path.read_text() if path.exists() else ""
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        with open(tmp, "w") as f:
+            f.write(old)
+            for r in recs:
+                f.write(json.dumps(r, sort_keys=True) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    return path
+
+
+def read(paths: Iterable[Path | str] | None = None, kind: str | None = None) -> list[dict]:
+    """All records under the given run folders or files (default: every run in runs/)."""
+    files: list[Path] = []
+    for p in ([RUNS] if paths is None else paths):
+        p = Path(p)
+        files += sorted(p.rglob("records.jsonl")) if p.is_dir() else [p]
+    out = []
+    for f in files:
+        for line in f.read_text().splitlines():
+            if line.strip():
+                r = json.loads(line)
+                r["run"] = f.parent.name
+                if kind is None or r["kind"] == kind:
+                    out.append(r)
+    return out
