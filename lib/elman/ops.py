@@ -1,6 +1,6 @@
 """The compiled CUDA extension: built on first use, cached, and never replaced silently.
 
-`load()` compiles `lib/csrc/*.cu` and the one binding file with
+`load()` compiles `lib/csrc/*.cu` and `*.cpp` (the binding and the cuBLAS host loop) with
 `torch.utils.cpp_extension.load` (ninja), caches the build under
 `$ELMAN_BUILD_DIR` (default `~/.cache/elman/<torch>-<cuda>-sm<cc>`), and prints how long
 the build took and for which target. Everything that needs a GPU raises
@@ -54,7 +54,7 @@ def load(verbose: bool = False):
         raise ExtensionUnavailable(f"the kernels need compute capability >= 8.0, this GPU has {cc}")
     from torch.utils.cpp_extension import load as cpp_load
 
-    sources = [str(CSRC / "binding.cpp"), *sorted(str(p) for p in CSRC.glob("*.cu"))]
+    sources = sorted(str(p) for p in (*CSRC.glob("*.cpp"), *CSRC.glob("*.cu")))
     out = build_dir(cc)
     out.mkdir(parents=True, exist_ok=True)
     flags = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-lineinfo", *_arch_flags(cc)]

@@ -79,11 +79,11 @@ def layer_params(dim: int, expansion: float = 1.0) -> int:
     return 3 * dim * D + 2 * D * D + D
 
 
-def parity(T, B, D, dtype, device, generator, path: str = "auto") -> list[ParityCase]:
+def parity(T, B, D, dtype, device, generator) -> list[ParityCase]:
+    """One case per CUDA path that takes this size, on the same fresh inputs."""
     inputs = dense.random_inputs(T, B, D, ("x", "z", "w_x", "w_h", "b", "h0"), device, generator)
-    impl = "cuda:" + dense.plan(B, D, dtype, path)
-    return [ParityCase(inputs, lambda **kw: cell(**kw, backend="cuda", path=path),
-                       reference, ("out", "h_T"), impl)]
+    return [ParityCase(inputs, lambda p=p, **kw: cell(**kw, backend="cuda", path=p), reference,
+                       ("out", "h_T"), "cuda:" + p) for p in dense.paths(B, D, dtype)]
 
 
 ENTRY = register(Entry(

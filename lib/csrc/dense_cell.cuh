@@ -1,0 +1,44 @@
+// The dense family's per-step elementwise math (the "epilogue"), shared by the per-step
+// kernels (dense_steps.cu) and the persistent kernels (dense_persistent.cu).
+//
+// A dense cell computes, per element of a [B, D] step:
+//   forward : v = acc + wx + b;  h = act(v);  out = gate(h, z)
+//   backward: dh = acc + d_out * dgate/dh;  dv = dh * act'(v);  dz = d_out * dgate/dz
+// where acc is W_h h_{t-1} (forward) or W_h^T dv_{t+1} (backward). Each epilogue is a
+// small struct; a new dense variant adds one struct and one id, not a new kernel.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include "dense.h"
+
+namespace elman {
+
+__device__ __forceinline__ float sigmoidf(float x) { return 1.f / (1.f + __expf(-x)); }
+
+// E0 and E1: h = tanh(v), out = h * silu(z).
+struct TanhSiluGate {
+  __device__ __forceinline__ static void forward(float v, float z, float& h, float& out) {
+    h = tanhf(v);
+    out = h * z * sigmoidf(z);
+  }
+  // h is the stored h_t (tanh'(v) = 1 - h^2).
+  __device__ __forceinline__ static void backward(float acc, float d_out, float h, float z,
+                                                  float& dv, float& dz) {
+    const float s = sigmoidf(z);
+    const float silu = z * s;
+    const float dsilu = s * (1.f + z * (1.f - s));
+    dv = (acc + d_out * silu) * (1.f - h * h);
+    dz = d_out * h * dsilu;
+  }
+};
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename T> __device__ __forceinline__ T from_float(float x);
+template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+}  // namespace elman

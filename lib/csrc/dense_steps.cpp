@@ -1,0 +1,85 @@
+// The per-step path of the dense family (host code): for each step one cuBLAS GEMM on the
+// hidden state (bf16 or fp32 operands, fp32 accumulate, fp32 result in a workspace) and
+// one fused elementwise kernel (dense_steps.cu). It takes any size and both dtypes; it
+// is the documented baseline of the persistent kernels ("cuBLAS per step", also captured
+// in a CUDA graph) and the path for sizes they do not take. Plain C++ with cuBLAS, no
+// torch headers; kept out of the .cu files so that nvcc alone compiles those.
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+
+#include "dense.h"
+
+namespace elman {
+namespace {
+
+template <typename T> constexpr cudaDataType_t cuda_type();
+template <> constexpr cudaDataType_t cuda_type<float>() { return CUDA_R_32F; }
+template <> constexpr cudaDataType_t cuda_type<__nv_bfloat16>() { return CUDA_R_16BF; }
+
+// C [D x B column-major = row-major B x D] = op(W) X, with W row-major [D][D]:
+// forward W_h h needs op = T, backward W_h^T dv needs op = N.
+template <typename T, typename TC>
+cudaError_t gemm(cublasHandle_t h, bool transpose_w, int dim, int batch, const T* w,
+                 const T* x, TC* c) {
+  const float one = 1.f, zero = 0.f;
+  const cublasStatus_t s = cublasGemmEx(
+      h, transpose_w ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, dim, batch, dim, &one, w,
+      cuda_type<T>(), dim, x, cuda_type<T>(), dim, &zero, c, cuda_type<TC>(), dim,
+      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  return s == CUBLAS_STATUS_SUCCESS ? cudaSuccess : cudaErrorUnknown;
+}
+
+}  // namespace
+
+template <typename T>
+cudaError_t dense_steps_forward(cublasHandle_t handle, cudaStream_t stream, int epilogue,
+                                int steps, int batch, int dim, const T* wx, const T* z,
+                                const T* w_h, const T* b, const T* h0, T* out, T* h_all,
+                                float* ws) {
+  const size_t n = size_t(batch) * dim;
+  cudaError_t err = cudaMemcpyAsync(h_all, h0, n * sizeof(T), cudaMemcpyDeviceToDevice, stream);
+  for (int t = 0; t < steps && err == cudaSuccess; ++t) {
+    err = gemm(handle, true, dim, batch, w_h, h_all + t * n, ws);
+    if (err == cudaSuccess)
+      err = dense_step_forward<T>(stream, epilogue, int(n), dim, ws, wx + t * n, z + t * n, b,
+                                  h_all + (t + 1) * n, out + t * n);
+  }
+  return err;
+}
+
+template <typename T>
+cudaError_t dense_steps_backward(cublasHandle_t handle, cudaStream_t stream, int epilogue,
+                                 int steps, int batch, int dim, const T* w_h, const T* h_all,
+                                 const T* z, const T* d_out, const T* d_hT, T* dv, T* dz,
+                                 T* dh0, float* ws) {
+  const size_t n = size_t(batch) * dim;
+  cudaError_t err = cudaSuccess;
+  for (int t = steps - 1; t >= 0 && err == cudaSuccess; --t) {
+    const bool last = t == steps - 1;
+    if (!last) err = gemm(handle, false, dim, batch, w_h, dv + (t + 1) * n, ws);
+    if (err == cudaSuccess)
+      err = dense_step_backward<T>(stream, epilogue, int(n), last ? nullptr : ws,
+                                   last ? d_hT : nullptr, d_out + t * n, h_all + (t + 1) * n,
+                                   z + t * n, dv + t * n, dz + t * n);
+  }
+  return err == cudaSuccess ? gemm(handle, false, dim, batch, w_h, dv, dh0) : err;
+}
+
+template cudaError_t dense_steps_forward<float>(cublasHandle_t, cudaStream_t, int, int, int, int,
+                                                const float*, const float*, const float*,
+                                                const float*, const float*, float*, float*,
+                                                float*);
+template cudaError_t dense_steps_forward<__nv_bfloat16>(
+    cublasHandle_t, cudaStream_t, int, int, int, int, const __nv_bfloat16*, const __nv_bfloat16*,
+    const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*,
+    __nv_bfloat16*, float*);
+template cudaError_t dense_steps_backward<float>(cublasHandle_t, cudaStream_t, int, int, int,
+                                                 int, const float*, const float*, const float*,
+                                                 const float*, const float*, float*, float*,
+                                                 float*, float*);
+template cudaError_t dense_steps_backward<__nv_bfloat16>(
+    cublasHandle_t, cudaStream_t, int, int, int, int, const __nv_bfloat16*, const __nv_bfloat16*,
+    const __nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*,
+    __nv_bfloat16*, __nv_bfloat16*, float*);
+
+}  // namespace elman

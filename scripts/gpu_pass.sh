@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# One whole GPU pass on a host with no network: install the carried wheels, build the
+# extension, run the GPU tests (parity of every variant), record parity and benchmarks,
+# execute the chapters with papermill, optionally train, and pack everything into one
+# archive under $OUT.
+#
+#   scripts/gpu_pass.sh [STAGE ...]      stages: setup build test parity bench chapters train pack
+#                                        (default: all but train)
+# Environment: OUT (where the archive goes; default ./out), ELMAN_COMMIT / ELMAN_DIRTY
+# (the commit the tree is at, when the host has no .git), ELMAN_RUN_DIR (default: a new
+# runs/<UTC>_<commit>_<gpu>/), QUICK=1 (small benchmarks), TRAIN_JOBS (job file for train).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+OUT=${OUT:-$ROOT/out}
+mkdir -p "$OUT"
+STAGES=${*:-setup build test parity bench chapters pack}
+export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$ROOT/lib${PYTHONPATH:+:$PYTHONPATH}
+export ELMAN_BUILD_DIR=${ELMAN_BUILD_DIR:-/tmp/elman-build}
+LOG=$OUT/gpu_pass.log
+failed=()
+
+log() { echo "[gpu_pass $(date -u +%H:%M:%S)] $*" | tee -a "$LOG"; }
+stage() {  # stage NAME COMMAND...: run, log, remember failures, go on
+  local name=$1; shift
+  log "stage $name: $*"
+  local t0=$SECONDS
+  if "$@" 2>&1 | tee -a "$LOG"; then log "stage $name ok ($((SECONDS - t0)) s)"
+  else log "stage $name FAILED ($((SECONDS - t0)) s)"; failed+=("$name"); fi
+}
+has() { [[ " $STAGES " == *" $1 "* ]]; }
+
+if [ -z "${ELMAN_RUN_DIR:-}" ]; then
+  gpu=$(python3 -c "import torch,re;print(re.sub(r'[^A-Za-z0-9]+','-',torch.cuda.get_device_name()).strip('-').lower())")
+  export ELMAN_RUN_DIR=$ROOT/runs/$(date -u +%Y%m%dT%H%M%SZ)_${ELMAN_COMMIT:-unknown}_$gpu
+fi
+mkdir -p "$ELMAN_RUN_DIR"
+log "run dir $ELMAN_RUN_DIR"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv | tee -a "$LOG"
+
+setup() {
+  if compgen -G ".whl/*.whl" > /dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site .whl/*.whl || return 1
+  fi
+  python3 -m ipykernel install --user --name python3 > /dev/null 2>&1 || true
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
+}
+build() { python3 -c "from elman import ops; ops.load(verbose=False)"; }
+gpu_tests() { python3 -m pytest -q -m gpu tests -p no:cacheprovider; }
+parity_stage() { python3 -m elman parity; }
+bench_stage() { python3 -m elman bench --primitives ${QUICK:+--quick}; }
+chapters() {
+  local ok=0
+  for nb in $(python3 -c "import yaml;t=yaml.safe_load(open('_toc.yml'));print(' '.join(c['file'] for p in t.get('parts',[t]) for c in p.get('chapters',[])))"); do
+    nb=${nb%.ipynb}.ipynb
+    [ -f "$nb" ] || continue
+    log "papermill $nb"
+    python3 -m papermill "$nb" "$nb" -k python3 -p quick False -p device cuda \
+      -p runs_dir "$ELMAN_RUN_DIR" --cwd "$(dirname "$nb")" || ok=1
+    mkdir -p "$ELMAN_RUN_DIR/notebooks" && cp "$nb" "$ELMAN_RUN_DIR/notebooks/"
+  done
+  return $ok
+}
+train_stage() { python3 -m elman sched "${TRAIN_JOBS:-scripts/train_h100.jobs}" --log-dir "$ELMAN_RUN_DIR/sched"; }
+pack() {
+  tar czf "$OUT/run.tgz" -C "$ROOT" "$(realpath --relative-to="$ROOT" "$ELMAN_RUN_DIR")" book/chapters
+  ls -la "$OUT"
+}
+
+has setup && stage setup setup
+has build && stage build build
+has test && stage test gpu_tests
+has parity && stage parity parity_stage
+has bench && stage bench bench_stage
+has chapters && stage chapters chapters
+has train && stage train train_stage
+has pack && stage pack pack
+log "done; failed stages: ${failed[*]:-none}"
+[ ${#failed[@]} -eq 0 ]

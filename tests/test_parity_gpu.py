@@ -1,0 +1,70 @@
+"""GPU parity of every registered variant's CUDA paths against its fp64 reference, forward
+and every gradient, fp32 and bf16 (run by scripts/gpu_pass.sh; skipped without CUDA)."""
+import pytest
+import torch
+
+from elman import dense, parity, registry
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+CASES = [(e.name, dt) for e in registry.variants() for dt in e.dtypes]
+
+
+@pytest.mark.parametrize("level,dtype", CASES)
+def test_variant_parity(level, dtype):
+    recs = parity.check_entry(registry.get(level), [dtype])
+    failed = [r for r in recs if not r["metrics"]["passed"]]
+    assert recs and not failed, parity.table(failed)
+
+
+def test_both_paths_checked_where_persistent_runs():
+    recs = parity.check_entry(registry.get("E1"), ["bfloat16"], shapes=[(5, 4, 512)])
+    assert {r["impl"] for r in recs} == {"cuda:persistent", "cuda:steps"}
+
+
+def _inputs(T=3, B=2, D=256, dtype=torch.bfloat16, device="cuda"):
+    g = torch.Generator(device=device).manual_seed(1)
+    t = dense.random_inputs(T, B, D, ("x", "z", "w_x", "w_h", "b", "h0"), device, g)
+    return {k: v.detach().to(dtype) for k, v in t.items()}
+
+
+def test_path_reported():
+    kw = _inputs()
+    dense.gated_cell_cuda(**kw, path="persistent")
+    assert dense.last_path["forward"] == "persistent"
+    dense.gated_cell_cuda(**kw, path="steps")
+    assert dense.last_path["forward"] == "steps"
+
+
+def test_persistent_refuses_unsupported_sizes():
+    with pytest.raises(ValueError, match="persistent kernel does not take"):
+        dense.gated_cell_cuda(**_inputs(D=100), path="persistent")
+    with pytest.raises(ValueError, match="persistent kernel does not take"):
+        dense.gated_cell_cuda(**_inputs(dtype=torch.float32), path="persistent")
+
+
+def test_bad_inputs_raise_before_launch():
+    kw = _inputs()
+    with pytest.raises(ValueError, match="CUDA tensors"):
+        dense.gated_cell_cuda(**{**kw, "w_h": kw["w_h"].cpu()})
+    with pytest.raises(RuntimeError, match="dtype"):
+        dense.gated_cell_cuda(**{**kw, "b": kw["b"].float()})
+    with pytest.raises(ValueError, match="shape"):
+        dense.gated_cell_cuda(**{**kw, "z": kw["z"][:, :1]})
+    ext = __import__("elman.ops", fromlist=["load"]).load()
+    T, B, D = kw["x"].shape
+    wx = torch.randn(D, B, T, device="cuda", dtype=torch.bfloat16).permute(2, 1, 0)  # not contiguous
+    out = torch.empty(T, B, D, device="cuda", dtype=torch.bfloat16)
+    h_all = torch.empty(T + 1, B, D, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="contiguous"):
+        ext.dense_forward(wx, kw["z"], kw["w_h"], kw["b"], kw["h0"], out, h_all, 0, False)
+    with pytest.raises(RuntimeError, match="epilogue"):
+        ext.dense_forward(wx.contiguous(), kw["z"], kw["w_h"], kw["b"], kw["h0"], out, h_all, 7, False)
+
+
+def test_deterministic():
+    kw = _inputs(T=9, B=5, D=512)
+    a = dense.gated_cell_cuda(**kw, path="persistent")[0]
+    b = dense.gated_cell_cuda(**kw, path="persistent")[0]
+    assert torch.equal(a, b)
