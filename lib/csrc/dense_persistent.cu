@@ -4,15 +4,18 @@
 // registers for the whole sequence: CTA r owns rows [64 r, 64 r + 64) and its 16 warps each
 // hold those rows for one sixteenth of the columns as mma.sync A fragments. Each cluster
 // owns `bc` (8 or 16) batch columns; clusters never talk to each other. Per step a CTA
-//   1. multiplies its rows by the previous state h_{t-1} (all D, bf16, in its shared memory)
-//      with mma.m16n8k16 (fp32 accumulate), one partial sum per warp;
-//   2. sums the 16 partials in shared memory and applies the epilogue (bias, tanh, gate;
-//      or in backward the gate and tanh gradients), writing outputs to global memory;
-//   3. writes its 64-row slice of the new state into the shared memory of every CTA of the
-//      cluster (distributed shared memory), into the other half of a double buffer;
-//   4. waits at one cluster barrier.
-// The double buffer makes one barrier per step enough: a CTA writes buffer (t+1)&1 only
-// after the barrier of step t, which every CTA reaches after its last read of that buffer.
+//   1. waits until the previous state (all D rows, bf16) has arrived in its shared memory;
+//   2. multiplies its rows by it with mma.m16n8k16 (fp32 accumulate), one partial per warp;
+//   3. sums the 16 partials and applies the epilogue (bias, tanh, gate; or in backward the
+//      gate and tanh gradients), writing outputs to global memory;
+//   4. sends its 64-row slice of the new state to every CTA of the cluster with st.async
+//      (16-byte distributed-shared-memory stores that count their bytes on the receiver's
+//      mbarrier), into the other half of a double buffer.
+// No cluster-wide barrier runs per step: a receiver knows a state is complete when its own
+// mbarrier has counted all its bytes. The double buffer is safe: a CTA sends state s + 2
+// into the buffer that held state s only after it received state s + 1 from every CTA,
+// and each CTA sends s + 1 only after it finished reading s.
+// Per-step inputs (W_x x and z, or d_out, h and z) are staged one step ahead with cp.async.
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
@@ -33,7 +36,7 @@ constexpr int kPad = 8;                   // bf16 padding per state row (bank sp
 constexpr int kRedStride = kRows + 4;     // floats per (warp, batch) row of partial sums
 
 struct Args {
-  int steps, batch, dim, bc;
+  int steps, batch, dim;
   const __nv_bfloat16* w;                 // W_h [D][D]
   const __nv_bfloat16* b;                 // forward: bias [D]
   const __nv_bfloat16* wx;                // forward: W_x x [T][B][D]
@@ -48,10 +51,13 @@ struct Args {
   __nv_bfloat16* dh0;                     // backward: [B][D]
 };
 
+// ---- PTX helpers ------------------------------------------------------------------------
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return uint32_t(__cvta_generic_to_shared(p));
+}
 __device__ __forceinline__ uint32_t pack(__nv_bfloat16 lo, __nv_bfloat16 hi) {
   return uint32_t(__bfloat16_as_ushort(lo)) | (uint32_t(__bfloat16_as_ushort(hi)) << 16);
 }
-
 __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
                                     uint32_t b1) {
   asm volatile(
@@ -60,24 +66,90 @@ __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint3
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+__device__ __forceinline__ uint32_t map_to_rank(uint32_t addr, uint32_t rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
+  return r;
+}
+__device__ __forceinline__ void mbar_init(uint64_t* bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(bar)));
+}
+__device__ __forceinline__ void mbar_expect(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)),
+               "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n .reg .pred done;\n WAIT_%=:\n"
+      " mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      " @!done bra WAIT_%=;\n}\n" ::"r"(smem_u32(bar)),
+      "r"(parity)
+      : "memory");
+}
+// 16 bytes into another CTA's shared memory, counted on that CTA's mbarrier.
+__device__ __forceinline__ void st_async(uint32_t remote, uint4 v, uint32_t remote_bar) {
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, "
+      "[%5];\n" ::"r"(remote),
+      "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(remote_bar)
+      : "memory");
+}
 
-// The per-CTA machinery shared by forward and backward. KS = D / 256 k-steps of 16 per
-// warp; NT = bc / 8 mma n-tiles.
-template <int KS, int NT>
-struct Tile {
+// ---- the per-CTA machinery shared by forward and backward ---------------------------------
+// KS = D / 256 k-steps of 16 per warp; NT = bc / 8 mma n-tiles; kIn staged input tensors.
+template <int KS, int NT, int kIn>
+struct Cta {
   static constexpr int kBc = NT * 8;
   static constexpr int kDim = KS * 256;
   static constexpr int kRowElems = kDim + kPad;
-  // Outputs (row, batch) each thread finishes per step.
-  static constexpr int kPerThread = kRows * kBc / kThreads;
+  static constexpr int kStateElems = kBc * kRowElems;         // one state buffer
+  static constexpr int kSlice = kBc * kRows;                   // one CTA's slice, elements
+  static constexpr int kPerThread = kSlice / kThreads;         // outputs per thread (= NT)
+  static constexpr int kChunks = kSlice / 8;                   // 16-byte chunks per slice
 
-  uint32_t a[4][KS][4];  // A fragments: [m-tile][k-step][reg]
+  // Shared memory: state[2] | red | stage[2][kIn] | slice | mbar[2]
+  static constexpr int kRedOffset = 2 * kStateElems * 2;
+  static constexpr int kStageOffset = kRedOffset + kWarps * kBc * kRedStride * 4;
+  static constexpr int kSliceOffset = kStageOffset + 2 * kIn * kSlice * 2;
+  static constexpr int kBarOffset = kSliceOffset + kSlice * 2;
+  static constexpr int kSmem = kBarOffset + 2 * 8;
 
-  // Load this warp's fragments of rows [row0, row0 + 64) of W (transposed: of W^T).
-  __device__ void load_weights(const __nv_bfloat16* w, int row0, int warp, int lane,
-                               bool transposed) {
-    const int g = lane >> 2, q = lane & 3;
-    const int k0 = warp * (kDim / kWarps);
+  // Shared memory is addressed from one base, so the layout costs no registers.
+  unsigned char* base;
+  int ranks, row0, n0;
+  uint32_t a[4][KS][4];   // A fragments: [m-tile][k-step][reg]
+
+  __device__ __nv_bfloat16* state() const { return reinterpret_cast<__nv_bfloat16*>(base); }
+  __device__ float* red() const { return reinterpret_cast<float*>(base + kRedOffset); }
+  __device__ __nv_bfloat16* stage() const {
+    return reinterpret_cast<__nv_bfloat16*>(base + kStageOffset);
+  }
+  __device__ __nv_bfloat16* slice() const {
+    return reinterpret_cast<__nv_bfloat16*>(base + kSliceOffset);
+  }
+  __device__ uint64_t* bar() const { return reinterpret_cast<uint64_t*>(base + kBarOffset); }
+  __device__ static int warp() { return int(threadIdx.x) >> 5; }
+  __device__ static int lane() { return int(threadIdx.x) & 31; }
+
+  __device__ Cta(unsigned char* smem, const cg::cluster_group& cluster) : base(smem) {
+    ranks = int(cluster.num_blocks());
+    row0 = int(cluster.block_rank()) * kRows;
+    n0 = int(blockIdx.x) / ranks * kBc;
+    if (threadIdx.x == 0) {
+      mbar_init(&bar()[0]);
+      mbar_init(&bar()[1]);
+      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+  }
+
+  __device__ __nv_bfloat16* buffer(int i) const { return state() + (i & 1) * kStateElems; }
+  __device__ const __nv_bfloat16* inputs(int i) const { return stage() + (i & 1) * kIn * kSlice; }
+
+  // This warp's A fragments of rows [row0, row0 + 64) of W (transposed: of W^T).
+  __device__ void load_weights(const __nv_bfloat16* w, bool transposed) {
+    const int g = lane() >> 2, q = lane() & 3;
+    const int k0 = warp() * (kDim / kWarps);
 #pragma unroll
     for (int mt = 0; mt < 4; ++mt)
 #pragma unroll
@@ -86,18 +158,42 @@ struct Tile {
         for (int r = 0; r < 4; ++r) {
           const int row = row0 + mt * 16 + g + ((r & 1) ? 8 : 0);
           const int col = k0 + s * 16 + 2 * q + ((r & 2) ? 8 : 0);
-          const __nv_bfloat16 lo = transposed ? w[size_t(col) * kDim + row] : w[size_t(row) * kDim + col];
-          const __nv_bfloat16 hi =
-              transposed ? w[size_t(col + 1) * kDim + row] : w[size_t(row) * kDim + col + 1];
-          a[mt][s][r] = pack(lo, hi);
+          const size_t lo = transposed ? size_t(col) * kDim + row : size_t(row) * kDim + col;
+          const size_t hi = transposed ? size_t(col + 1) * kDim + row : size_t(row) * kDim + col + 1;
+          a[mt][s][r] = pack(w[lo], w[hi]);
         }
   }
 
-  // Partial products of this warp's columns with the state in `state` ([bc][kRowElems]),
-  // written to red[warp][batch][row].
-  __device__ void multiply(const __nv_bfloat16* state, float* red, int warp, int lane) const {
-    const int g = lane >> 2, q = lane & 3;
-    const int k0 = warp * (kDim / kWarps);
+  // The staged [T][B][D] inputs, read from the kernel parameters when needed (they cost no
+  // registers): forward wx, z; backward d_out, h (h_all shifted by one step), z.
+  __device__ static const __nv_bfloat16* source(const Args& p, int k) {
+    if (kIn == 2) return k == 0 ? p.wx : p.z;
+    return k == 0 ? p.d_out : k == 1 ? p.h_all + size_t(p.batch) * kDim : p.z;
+  }
+
+  // Stage step t of the inputs into input buffer i (live batches only), as one cp.async
+  // group; `skip` commits an empty group (keeps the group count uniform).
+  __device__ void stage_inputs(int i, const Args& p, int t, bool skip) {
+    const int batch = p.batch;
+    __nv_bfloat16* dst = stage() + (i & 1) * kIn * kSlice;
+    for (int c = threadIdx.x; !skip && c < kIn * kChunks; c += kThreads) {
+      const int tensor = c / kChunks, chunk = c % kChunks;
+      const int n = chunk / (kRows / 8), r = (chunk % (kRows / 8)) * 8;
+      if (n0 + n >= batch) continue;
+      const __nv_bfloat16* g = source(p, tensor) + (size_t(t) * batch + n0 + n) * kDim + row0 + r;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
+                       smem_u32(dst + tensor * kSlice + n * kRows + r)),
+                   "l"(g));
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+  }
+  __device__ static void wait_inputs() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+
+  // Partial products of this warp's columns with state buffer i, into red[warp][n][row].
+  __device__ void multiply(int i) {
+    const __nv_bfloat16* src = buffer(i);
+    const int g = lane() >> 2, q = lane() & 3;
+    const int k0 = warp() * (kDim / kWarps);
     float acc[4][NT][4];
 #pragma unroll
     for (int mt = 0; mt < 4; ++mt)
@@ -109,13 +205,13 @@ struct Tile {
     for (int s = 0; s < KS; ++s)
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
-        const __nv_bfloat16* row = state + (nt * 8 + g) * kRowElems + k0 + s * 16 + 2 * q;
+        const __nv_bfloat16* row = src + (nt * 8 + g) * kRowElems + k0 + s * 16 + 2 * q;
         const uint32_t b0 = *reinterpret_cast<const uint32_t*>(row);
         const uint32_t b1 = *reinterpret_cast<const uint32_t*>(row + 8);
 #pragma unroll
         for (int mt = 0; mt < 4; ++mt) mma(acc[mt][nt], a[mt][s], b0, b1);
       }
-    float* mine = red + warp * kBc * kRedStride;
+    float* mine = red() + warp() * kBc * kRedStride;
 #pragma unroll
     for (int mt = 0; mt < 4; ++mt)
 #pragma unroll
@@ -128,174 +224,143 @@ struct Tile {
       }
   }
 
-  __device__ static float reduce(const float* red, int n, int r) {
+  __device__ float reduce(int n, int r) const {
     float s = 0.f;
+    const float* partial = red() + n * kRedStride + r;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) s += red[(w * kBc + n) * kRedStride + r];
+    for (int w = 0; w < kWarps; ++w) s += partial[w * kBc * kRedStride];
     return s;
   }
 
-  // Write a value of the new state (batch n, local row r) into every CTA of the cluster.
-  __device__ static void broadcast(cg::cluster_group& cluster, __nv_bfloat16* state, int n,
-                                   int global_row, __nv_bfloat16 v) {
-    __nv_bfloat16* local = state + n * kRowElems + global_row;
-    const int ranks = int(cluster.num_blocks());
-    for (int p = 0; p < ranks; ++p) *cluster.map_shared_rank(local, p) = v;
+  // The receiver side of one state exchange into buffer i: expect the bytes of a whole state.
+  __device__ void expect(int i) {
+    if (threadIdx.x == 0) mbar_expect(&bar()[i & 1], kBc * kDim * 2);
   }
-};
+  // Wait for the exchange number `s` (0, 1, 2, ...) into buffer s + 1.
+  __device__ void wait_state(int s) const { mbar_wait(&bar()[(s + 1) & 1], (s >> 1) & 1); }
 
-// Per-step inputs are staged in shared memory with cp.async one step ahead (double
-// buffer), so that their global-memory latency hides behind the step before and they take
-// no registers: [2][kInputs][bc][64] bf16.
-template <int NT>
-struct Stage {
-  static constexpr int kBc = NT * 8;
-  static constexpr int kPerTensor = kBc * kRows;
-  static constexpr int kChunks = kBc * kRows / 8;  // 16-byte chunks per tensor
-
-  // Copy step `t` of `count` [T][B][D] tensors into buffer `dst` (rows of live batches only).
-  template <int kInputs>
-  __device__ static void copy(__nv_bfloat16* dst, const __nv_bfloat16* const (&src)[kInputs],
-                              int t, int batch, int dim, int n0, int row0) {
-    for (int c = threadIdx.x; c < kInputs * kChunks; c += kThreads) {
-      const int tensor = c / kChunks, chunk = c % kChunks;
+  // Send this CTA's slice (gathered in `slice`) into buffer i of every CTA of the cluster.
+  __device__ void send(int i) {
+    __syncthreads();  // the slice is complete
+    const uint32_t local = smem_u32(buffer(i));
+    const uint32_t bar_local = smem_u32(&bar()[i & 1]);
+    for (int c = threadIdx.x; c < ranks * kChunks; c += kThreads) {
+      const int peer = c / kChunks, chunk = c % kChunks;
       const int n = chunk / (kRows / 8), r = (chunk % (kRows / 8)) * 8;
-      if (n0 + n >= batch) continue;
-      const __nv_bfloat16* base = src[0];
-#pragma unroll
-      for (int k = 1; k < kInputs; ++k) base = tensor == k ? src[k] : base;  // no local memory
-      const __nv_bfloat16* g = base + (size_t(t) * batch + n0 + n) * dim + row0 + r;
-      const uint32_t s = uint32_t(__cvta_generic_to_shared(dst + tensor * kPerTensor + n * kRows + r));
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(g));
+      const uint4 v = *reinterpret_cast<const uint4*>(slice() + n * kRows + r);
+      const uint32_t dst = local + uint32_t((n * kRowElems + row0 + r) * 2);
+      st_async(map_to_rank(dst, peer), v, map_to_rank(bar_local, peer));
     }
-    asm volatile("cp.async.commit_group;\n" ::);
   }
-  __device__ static void wait_previous() { asm volatile("cp.async.wait_group 1;\n" ::); }
 };
 
 template <int KS, int NT, class Epi>
 __global__ void __launch_bounds__(kThreads, 1) forward_kernel(Args p) {
-  using Tl = Tile<KS, NT>;
-  using St = Stage<NT>;
-  constexpr int kIn = 2;  // wx, z
+  using C = Cta<KS, NT, 2>;  // staged inputs: wx, z
   cg::cluster_group cluster = cg::this_cluster();
   extern __shared__ __align__(16) unsigned char smem[];
-  __nv_bfloat16* state = reinterpret_cast<__nv_bfloat16*>(smem);  // [2][bc][kRowElems]
-  float* red = reinterpret_cast<float*>(smem + 2 * Tl::kBc * Tl::kRowElems * 2);
-  __nv_bfloat16* stage = reinterpret_cast<__nv_bfloat16*>(red + kWarps * Tl::kBc * kRedStride);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int row0 = int(cluster.block_rank()) * kRows;
-  const int n0 = int(blockIdx.x / cluster.num_blocks()) * Tl::kBc;
-  const size_t BD = size_t(p.batch) * Tl::kDim;
-  const __nv_bfloat16* const inputs[kIn] = {p.wx, p.z};
+  C cta(smem, cluster);
+  const size_t BD = size_t(p.batch) * C::kDim;
 
-  St::template copy<kIn>(stage, inputs, 0, p.batch, Tl::kDim, n0, row0);
-  Tl tile;
-  tile.load_weights(p.w, row0, warp, lane, false);
-  for (int i = threadIdx.x; i < Tl::kBc * Tl::kDim; i += kThreads) {
-    const int n = i / Tl::kDim, k = i % Tl::kDim;
-    state[n * Tl::kRowElems + k] =
-        n0 + n < p.batch ? p.h0[size_t(n0 + n) * Tl::kDim + k] : __float2bfloat16_rn(0.f);
+  cta.stage_inputs(0, p, 0, false);
+  cta.load_weights(p.w, false);
+  for (int i = threadIdx.x; i < C::kBc * C::kDim; i += kThreads) {
+    const int n = i / C::kDim, k = i % C::kDim;
+    cta.buffer(0)[n * C::kRowElems + k] =
+        cta.n0 + n < p.batch ? p.h0[size_t(cta.n0 + n) * C::kDim + k] : __float2bfloat16_rn(0.f);
   }
   // This thread finishes outputs (n, r) = (j / 64, j % 64) for j = tid + 512 i.
-  float bias[Tl::kPerThread];
+  float bias[C::kPerThread];
 #pragma unroll
-  for (int i = 0; i < Tl::kPerThread; ++i) {
+  for (int i = 0; i < C::kPerThread; ++i) {
     const int j = threadIdx.x + i * kThreads, n = j / kRows, r = j % kRows;
-    bias[i] = to_float(p.b[row0 + r]);
-    if (n0 + n < p.batch) p.h_all[size_t(n0 + n) * Tl::kDim + row0 + r] = p.h0[size_t(n0 + n) * Tl::kDim + row0 + r];
+    bias[i] = to_float(p.b[cta.row0 + r]);
+    const size_t off = size_t(cta.n0 + n) * C::kDim + cta.row0 + r;
+    if (cta.n0 + n < p.batch) p.h_all[off] = p.h0[off];
   }
-  cluster.sync();  // every CTA of the cluster is running and has its h0
+  cluster.sync();  // barriers initialised and h0 in place in every CTA
 
   for (int t = 0; t < p.steps; ++t) {
-    const __nv_bfloat16* cur = state + (t & 1) * Tl::kBc * Tl::kRowElems;
-    __nv_bfloat16* nxt = state + ((t + 1) & 1) * Tl::kBc * Tl::kRowElems;
-    const __nv_bfloat16* in = stage + (t & 1) * kIn * St::kPerTensor;
-    St::template copy<kIn>(stage + ((t + 1) & 1) * kIn * St::kPerTensor, inputs,
-                           t + 1 < p.steps ? t + 1 : t, t + 1 < p.steps ? p.batch : 0,
-                           Tl::kDim, n0, row0);
-    tile.multiply(cur, red, warp, lane);
-    St::wait_previous();
+    const bool last = t + 1 == p.steps;
+    if (!last) cta.expect(t + 1);                 // h_t arrives in buffer t + 1
+    cta.stage_inputs(t + 1, p, t + 1, last);
+    if (t > 0) cta.wait_state(t - 1);             // h_{t-1} is complete
+    cta.multiply(t);
+    C::wait_inputs();
     __syncthreads();
+    const __nv_bfloat16* in = cta.inputs(t);
 #pragma unroll
-    for (int i = 0; i < Tl::kPerThread; ++i) {
+    for (int i = 0; i < C::kPerThread; ++i) {
       const int j = threadIdx.x + i * kThreads, n = j / kRows, r = j % kRows;
-      const float wx = to_float(in[n * kRows + r]);
-      const float z = to_float(in[St::kPerTensor + n * kRows + r]);
       float h, o;
-      Epi::forward(Tl::reduce(red, n, r) + wx + bias[i], z, h, o);
+      Epi::forward(cta.reduce(n, r) + to_float(in[j]) + bias[i], to_float(in[C::kSlice + j]), h, o);
       const __nv_bfloat16 hb = __float2bfloat16_rn(h);
-      if (n0 + n < p.batch) {
-        const size_t off = size_t(n0 + n) * Tl::kDim + row0 + r;
+      cta.slice()[j] = hb;
+      if (cta.n0 + n < p.batch) {
+        const size_t off = size_t(cta.n0 + n) * C::kDim + cta.row0 + r;
         p.out[t * BD + off] = __float2bfloat16_rn(o);
         p.h_all[(t + 1) * BD + off] = hb;
       }
-      Tl::broadcast(cluster, nxt, n, row0 + r, hb);
     }
-    cluster.sync();
+    if (!last) cta.send(t + 1);
   }
+  cluster.sync();  // no CTA leaves while another may still address its shared memory
 }
 
 template <int KS, int NT, class Epi>
 __global__ void __launch_bounds__(kThreads, 1) backward_kernel(Args p) {
-  using Tl = Tile<KS, NT>;
-  using St = Stage<NT>;
-  constexpr int kIn = 3;  // d_out_t, h_t (= h_all[t + 1]), z_t
+  using C = Cta<KS, NT, 3>;  // staged inputs: d_out_t, h_t (= h_all[t + 1]), z_t
   cg::cluster_group cluster = cg::this_cluster();
   extern __shared__ __align__(16) unsigned char smem[];
-  __nv_bfloat16* state = reinterpret_cast<__nv_bfloat16*>(smem);  // dv_{t+1}, double buffer
-  float* red = reinterpret_cast<float*>(smem + 2 * Tl::kBc * Tl::kRowElems * 2);
-  __nv_bfloat16* stage = reinterpret_cast<__nv_bfloat16*>(red + kWarps * Tl::kBc * kRedStride);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int row0 = int(cluster.block_rank()) * kRows;
-  const int n0 = int(blockIdx.x / cluster.num_blocks()) * Tl::kBc;
-  const size_t BD = size_t(p.batch) * Tl::kDim;
+  C cta(smem, cluster);
+  const size_t BD = size_t(p.batch) * C::kDim;
   const int T = p.steps;
-  // h_all shifted by one step, so that index t reads h_t = h_all[t + 1].
-  const __nv_bfloat16* const inputs[kIn] = {p.d_out, p.h_all + BD, p.z};
 
-  St::template copy<kIn>(stage, inputs, T - 1, p.batch, Tl::kDim, n0, row0);
-  Tl tile;
-  tile.load_weights(p.w, row0, warp, lane, true);
+  cta.stage_inputs(0, p, T - 1, false);
+  cta.load_weights(p.w, true);
   cluster.sync();
 
   for (int u = 0; u < T; ++u) {  // u-th step from the end: t = T - 1 - u
     const int t = T - 1 - u;
-    const __nv_bfloat16* cur = state + (u & 1) * Tl::kBc * Tl::kRowElems;
-    __nv_bfloat16* nxt = state + ((u + 1) & 1) * Tl::kBc * Tl::kRowElems;
-    const __nv_bfloat16* in = stage + (u & 1) * kIn * St::kPerTensor;
-    St::template copy<kIn>(stage + ((u + 1) & 1) * kIn * St::kPerTensor, inputs,
-                           t > 0 ? t - 1 : t, t > 0 ? p.batch : 0, Tl::kDim, n0, row0);
-    if (u > 0) tile.multiply(cur, red, warp, lane);
-    St::wait_previous();
+    cta.expect(u + 1);                            // dv_t arrives in buffer u + 1
+    cta.stage_inputs(u + 1, p, t > 0 ? t - 1 : 0, t == 0);
+    if (u > 0) {
+      cta.wait_state(u - 1);                      // dv_{t+1} is complete
+      cta.multiply(u);
+    }
+    C::wait_inputs();
     __syncthreads();
+    const __nv_bfloat16* in = cta.inputs(u);
 #pragma unroll
-    for (int i = 0; i < Tl::kPerThread; ++i) {
+    for (int i = 0; i < C::kPerThread; ++i) {
       const int j = threadIdx.x + i * kThreads, n = j / kRows, r = j % kRows;
-      const bool live = n0 + n < p.batch;
-      const size_t off = size_t(n0 + n) * Tl::kDim + row0 + r;
-      const float acc = u > 0 ? Tl::reduce(red, n, r) : (live ? to_float(p.d_hT[off]) : 0.f);
+      const bool live = cta.n0 + n < p.batch;
+      const size_t off = size_t(cta.n0 + n) * C::kDim + cta.row0 + r;
+      const float acc = u > 0 ? cta.reduce(n, r) : (live ? to_float(p.d_hT[off]) : 0.f);
       float dv, dz;
-      Epi::backward(acc, to_float(in[n * kRows + r]), to_float(in[St::kPerTensor + n * kRows + r]),
-                    to_float(in[2 * St::kPerTensor + n * kRows + r]), dv, dz);
+      Epi::backward(acc, to_float(in[j]), to_float(in[C::kSlice + j]),
+                    to_float(in[2 * C::kSlice + j]), dv, dz);
       const __nv_bfloat16 dvb = __float2bfloat16_rn(dv);
+      cta.slice()[j] = dvb;
       if (live) {
         p.dv[t * BD + off] = dvb;
         p.dz[t * BD + off] = __float2bfloat16_rn(dz);
       }
-      Tl::broadcast(cluster, nxt, n, row0 + r, dvb);
     }
-    cluster.sync();
+    cta.send(u + 1);
   }
-  // dh0 = W_h^T dv_0, which now sits in buffer T & 1.
-  tile.multiply(state + (T & 1) * Tl::kBc * Tl::kRowElems, red, warp, lane);
+  // dh0 = W_h^T dv_0, the exchange number T - 1.
+  cta.wait_state(T - 1);
+  cta.multiply(T);
   __syncthreads();
 #pragma unroll
-  for (int i = 0; i < Tl::kPerThread; ++i) {
+  for (int i = 0; i < C::kPerThread; ++i) {
     const int j = threadIdx.x + i * kThreads, n = j / kRows, r = j % kRows;
-    const float acc = Tl::reduce(red, n, r);
-    if (n0 + n < p.batch) p.dh0[size_t(n0 + n) * Tl::kDim + row0 + r] = __float2bfloat16_rn(acc);
+    const float acc = cta.reduce(n, r);
+    if (cta.n0 + n < p.batch)
+      p.dh0[size_t(cta.n0 + n) * C::kDim + cta.row0 + r] = __float2bfloat16_rn(acc);
   }
+  cluster.sync();
 }
 
 // ---- planning and launch -------------------------------------------------------------
@@ -312,10 +377,19 @@ KernelPtr pick(int ks, int nt, bool backward) {
   return nullptr;
 }
 
+template <int KS>
+int smem_for_ks(int nt, bool backward) {
+  if (nt == 1) return backward ? Cta<KS, 1, 3>::kSmem : Cta<KS, 1, 2>::kSmem;
+  return backward ? Cta<KS, 2, 3>::kSmem : Cta<KS, 2, 2>::kSmem;
+}
+
 int smem_for(int ks, int nt, bool backward) {
-  const int bc = nt * 8;
-  return 2 * bc * (ks * 256 + kPad) * 2 + kWarps * bc * kRedStride * 4 +
-         2 * (backward ? 3 : 2) * bc * kRows * 2;
+  switch (ks) {
+    case 1: return smem_for_ks<1>(nt, backward);
+    case 2: return smem_for_ks<2>(nt, backward);
+    case 3: return smem_for_ks<3>(nt, backward);
+    default: return smem_for_ks<4>(nt, backward);
+  }
 }
 
 cudaError_t prepare(KernelPtr k, int smem, int cluster) {
@@ -365,7 +439,7 @@ PersistentPlan dense_persistent_plan(int batch, int dim, bool backward) {
   if (batch < 1) { plan.reason = "B must be at least 1"; return plan; }
   if (size_t(batch) * dim >= (size_t(1) << 31)) { plan.reason = "B * D must be below 2^31"; return plan; }
   plan.cluster = dim / kRows;
-  // Clusters of each shape the GPU holds at once, asked once per process (and device).
+  // Clusters of each shape the GPU holds at once, asked once per process and device.
   static int active_cache[8][5][3][2];
   static bool cached[8][5][3][2];
   for (int nt = 1; nt <= 2; ++nt) {
@@ -405,7 +479,7 @@ cudaError_t dense_persistent_forward(cudaStream_t stream, int epilogue, int step
   const PersistentPlan plan = dense_persistent_plan(batch, dim, false);
   if (!plan.ok) return cudaErrorInvalidConfiguration;
   Args a = {};
-  a.steps = steps; a.batch = batch; a.dim = dim; a.bc = plan.bc;
+  a.steps = steps; a.batch = batch; a.dim = dim;
   a.w = static_cast<const __nv_bfloat16*>(w_h);
   a.b = static_cast<const __nv_bfloat16*>(b);
   a.wx = static_cast<const __nv_bfloat16*>(wx);
@@ -424,7 +498,7 @@ cudaError_t dense_persistent_backward(cudaStream_t stream, int epilogue, int ste
   const PersistentPlan plan = dense_persistent_plan(batch, dim, true);
   if (!plan.ok) return cudaErrorInvalidConfiguration;
   Args a = {};
-  a.steps = steps; a.batch = batch; a.dim = dim; a.bc = plan.bc;
+  a.steps = steps; a.batch = batch; a.dim = dim;
   a.w = static_cast<const __nv_bfloat16*>(w_h);
   a.z = static_cast<const __nv_bfloat16*>(z);
   a.h_all = static_cast<__nv_bfloat16*>(const_cast<void*>(h_all));

@@ -246,9 +246,24 @@ def layer_record(entry: registry.Entry, B: int, D: int, T: int = T_DEFAULT, reps
 
 
 # ---- primitives -------------------------------------------------------------------------
+def warm_up(seconds: float = 0.5) -> None:
+    """Keep the GPU busy for a moment so that its clocks leave the idle state."""
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    while True:
+        for _ in range(20):
+            a = (a @ a).clamp_(-1, 1)
+        end.record()
+        end.synchronize()
+        if start.elapsed_time(end) > 1000 * seconds:
+            return
+
+
 def primitive_records(iters: int = 2000) -> list[dict]:
     """Per-operation cost of the primitives a persistent time step is built from."""
     ext = ops.load()
+    warm_up()
     flags = torch.zeros(64, dtype=torch.int32, device="cuda")
     results: dict[str, float] = {}
 
@@ -306,6 +321,7 @@ def main(args) -> int:
     if args.primitives:
         recs += primitive_records(200 if args.quick else 2000)
         records.write(recs)
+    warm_up()
     gate = ensure_parity(registry.get("E1"))
     shapes = [(B, D) for D in args.D for B in args.B]
     if not args.no_cell:
