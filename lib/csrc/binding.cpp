@@ -55,7 +55,7 @@ void check_persistent(int64_t B, int64_t D, at::ScalarType dt, bool backward) {
 
 void dense_forward(const at::Tensor& wx, const at::Tensor& z, const at::Tensor& w_h,
                    const at::Tensor& b, const at::Tensor& h0, at::Tensor& out, at::Tensor& h_all,
-                   int64_t epilogue, bool persistent) {
+                   int64_t epilogue, bool persistent, const c10::optional<at::Tensor>& trace) {
   const Check check = leading(wx, "wx");
   const int64_t T = wx.size(0), B = wx.size(1), D = wx.size(2);
   check(wx, "wx", {T, B, D});
@@ -67,13 +67,19 @@ void dense_forward(const at::Tensor& wx, const at::Tensor& z, const at::Tensor& 
   check(h_all, "h_all", {T + 1, B, D});
   check_epilogue(epilogue);
   if (persistent) check_persistent(B, D, wx.scalar_type(), false);
+  long long* trace_ptr = nullptr;
+  if (trace.has_value()) {
+    TORCH_CHECK(persistent, "a trace is recorded by the persistent kernel only");
+    Check{wx.device(), at::kLong}(*trace, "trace", {T * 6 + 4});
+    trace_ptr = reinterpret_cast<long long*>(trace->data_ptr<int64_t>());
+  }
   const c10::cuda::CUDAGuard guard(wx.device());
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   if (persistent) {
     check_cuda(elman::dense_persistent_forward(stream, int(epilogue), int(T), int(B), int(D),
                                                wx.data_ptr(), z.data_ptr(), w_h.data_ptr(),
                                                b.data_ptr(), h0.data_ptr(), out.data_ptr(),
-                                               h_all.data_ptr()),
+                                               h_all.data_ptr(), trace_ptr),
                "dense persistent forward");
     return;
   }
@@ -178,7 +184,10 @@ unsigned* flags_of(const at::Tensor& flags, int64_t need) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "elman CUDA kernels (see lib/csrc)";
-  m.def("dense_forward", &dense_forward, "dense-family recurrence forward");
+  m.def("dense_forward", &dense_forward, "dense-family recurrence forward", py::arg("wx"),
+        py::arg("z"), py::arg("w_h"), py::arg("b"), py::arg("h0"), py::arg("out"),
+        py::arg("h_all"), py::arg("epilogue"), py::arg("persistent"),
+        py::arg("trace") = py::none());
   m.def("dense_backward", &dense_backward, "dense-family recurrence backward");
   m.def("dense_persistent_supported", &dense_persistent_supported,
         "(ok, reason): whether the persistent kernels take this B, D and dtype");

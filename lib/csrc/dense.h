@@ -58,9 +58,12 @@ struct PersistentPlan {
 
 PersistentPlan dense_persistent_plan(int batch, int dim, bool backward);
 
+// `trace` (may be null): int64 [steps * 6 + 4]; CTA 0 records clock64 at six phase
+// boundaries of every step, then clock64 and %globaltimer at kernel start and end.
 cudaError_t dense_persistent_forward(cudaStream_t stream, int epilogue, int steps, int batch,
                                      int dim, const void* wx, const void* z, const void* w_h,
-                                     const void* b, const void* h0, void* out, void* h_all);
+                                     const void* b, const void* h0, void* out, void* h_all,
+                                     long long* trace = nullptr);
 
 cudaError_t dense_persistent_backward(cudaStream_t stream, int epilogue, int steps, int batch,
                                       int dim, const void* w_h, const void* h_all,

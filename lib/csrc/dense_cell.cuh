@@ -16,10 +16,18 @@ namespace elman {
 
 __device__ __forceinline__ float sigmoidf(float x) { return 1.f / (1.f + __expf(-x)); }
 
-// E0 and E1: h = tanh(v), out = h * silu(z).
-struct TanhSiluGate {
+__device__ __forceinline__ float tanh_approx(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// E0 and E1: h = tanh(v), out = h * silu(z). kApprox uses the hardware tanh (relative
+// error about 2^-11, below bf16's rounding); only the bf16 persistent kernels take it.
+template <bool kApprox>
+struct TanhSiluGateT {
   __device__ __forceinline__ static void forward(float v, float z, float& h, float& out) {
-    h = tanhf(v);
+    h = kApprox ? tanh_approx(v) : tanhf(v);
     out = h * z * sigmoidf(z);
   }
   // h is the stored h_t (tanh'(v) = 1 - h^2).
@@ -32,6 +40,7 @@ struct TanhSiluGate {
     dz = d_out * h * dsilu;
   }
 };
+using TanhSiluGate = TanhSiluGateT<false>;
 
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }

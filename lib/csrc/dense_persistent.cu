@@ -1,12 +1,13 @@
 // Persistent kernels of the dense family (bf16, sm_90): one launch runs the whole sequence.
 //
 // A thread-block cluster of C = D / 64 CTAs holds W_h (forward) or W_h^T (backward) in
-// registers for the whole sequence: CTA r owns rows [64 r, 64 r + 64) and its 16 warps each
-// hold those rows for one sixteenth of the columns as mma.sync A fragments. Each cluster
+// registers for the whole sequence: CTA r owns rows [64 r, 64 r + 64); its 16 warps form a
+// 2 x 8 grid, warp (m, k) holding rows [32 m, 32 m + 32) of the slice for one eighth of the
+// columns as mma.sync A fragments. Each cluster
 // owns `bc` (8 or 16) batch columns; clusters never talk to each other. Per step a CTA
 //   1. waits until the previous state (all D rows, bf16) has arrived in its shared memory;
 //   2. multiplies its rows by it with mma.m16n8k16 (fp32 accumulate), one partial per warp;
-//   3. sums the 16 partials and applies the epilogue (bias, tanh, gate; or in backward the
+//   3. sums the 8 partials of each row and applies the epilogue (bias, tanh, gate; or in backward the
 //      gate and tanh gradients), writing outputs to global memory;
 //   4. sends its 64-row slice of the new state to every CTA of the cluster with st.async
 //      (16-byte distributed-shared-memory stores that count their bytes on the receiver's
@@ -33,7 +34,9 @@ constexpr int kRows = 64;                 // rows of W_h per CTA (4 mma m-tiles)
 constexpr int kWarps = 16;
 constexpr int kThreads = kWarps * 32;
 constexpr int kPad = 8;                   // bf16 padding per state row (bank spread)
-constexpr int kRedStride = kRows + 4;     // floats per (warp, batch) row of partial sums
+constexpr int kKGroups = 8;               // warps splitting the columns
+constexpr int kMTiles = 2;                // 16-row mma tiles per warp (2 x 16 = half the rows)
+constexpr int kRedStride = kRows + 4;     // floats per (k-group, batch) row of partial sums
 
 struct Args {
   int steps, batch, dim;
@@ -49,8 +52,32 @@ struct Args {
   __nv_bfloat16* dv;                      // backward: [T][B][D]
   __nv_bfloat16* dz;                      // backward: [T][B][D]
   __nv_bfloat16* dh0;                     // backward: [B][D]
+  long long* trace;                       // optional: per-step phase clocks of CTA 0
 };
 
+// Phases of a step recorded by `trace` (clock64 at each boundary, kTracePhases per step).
+// After the T steps: clock64 and %globaltimer (ns) at kernel start and end, for the clock rate.
+constexpr int kTracePhases = 6;  // start, state arrived, multiplied, inputs+partials ready,
+                                 // epilogue done, sent
+
+__device__ __forceinline__ long long globaltimer() {
+  long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
+// Trace marks read the pointer from the kernel parameters each time (no live register).
+__device__ __forceinline__ bool tracing(const Args& p) {
+  return p.trace != nullptr && blockIdx.x == 0 && threadIdx.x == 0;
+}
+__device__ __forceinline__ void mark(const Args& p, int step, int phase) {
+  if (tracing(p)) p.trace[step * kTracePhases + phase] = clock64();
+}
+__device__ __forceinline__ void stamp(const Args& p, int slot) {
+  if (tracing(p)) {
+    p.trace[p.steps * kTracePhases + 2 * slot] = clock64();
+    p.trace[p.steps * kTracePhases + 2 * slot + 1] = globaltimer();
+  }
+}
 // ---- PTX helpers ------------------------------------------------------------------------
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return uint32_t(__cvta_generic_to_shared(p));
@@ -97,11 +124,12 @@ __device__ __forceinline__ void st_async(uint32_t remote, uint4 v, uint32_t remo
 }
 
 // ---- the per-CTA machinery shared by forward and backward ---------------------------------
-// KS = D / 256 k-steps of 16 per warp; NT = bc / 8 mma n-tiles; kIn staged input tensors.
+// KS = D / 256; NT = bc / 8 mma n-tiles; kIn staged input tensors.
 template <int KS, int NT, int kIn>
 struct Cta {
   static constexpr int kBc = NT * 8;
   static constexpr int kDim = KS * 256;
+  static constexpr int kSteps = kDim / kKGroups / 16;          // mma k-steps per warp
   static constexpr int kRowElems = kDim + kPad;
   static constexpr int kStateElems = kBc * kRowElems;         // one state buffer
   static constexpr int kSlice = kBc * kRows;                   // one CTA's slice, elements
@@ -110,7 +138,7 @@ struct Cta {
 
   // Shared memory: state[2] | red | stage[2][kIn] | slice | mbar[2]
   static constexpr int kRedOffset = 2 * kStateElems * 2;
-  static constexpr int kStageOffset = kRedOffset + kWarps * kBc * kRedStride * 4;
+  static constexpr int kStageOffset = kRedOffset + kKGroups * kBc * kRedStride * 4;
   static constexpr int kSliceOffset = kStageOffset + 2 * kIn * kSlice * 2;
   static constexpr int kBarOffset = kSliceOffset + kSlice * 2;
   static constexpr int kSmem = kBarOffset + 2 * 8;
@@ -118,7 +146,7 @@ struct Cta {
   // Shared memory is addressed from one base, so the layout costs no registers.
   unsigned char* base;
   int ranks, row0, n0;
-  uint32_t a[4][KS][4];   // A fragments: [m-tile][k-step][reg]
+  uint32_t a[kMTiles][kSteps][4];  // A fragments: [m-tile][k-step][reg]
 
   __device__ __nv_bfloat16* state() const { return reinterpret_cast<__nv_bfloat16*>(base); }
   __device__ float* red() const { return reinterpret_cast<float*>(base + kRedOffset); }
@@ -129,8 +157,9 @@ struct Cta {
     return reinterpret_cast<__nv_bfloat16*>(base + kSliceOffset);
   }
   __device__ uint64_t* bar() const { return reinterpret_cast<uint64_t*>(base + kBarOffset); }
-  __device__ static int warp() { return int(threadIdx.x) >> 5; }
   __device__ static int lane() { return int(threadIdx.x) & 31; }
+  __device__ static int kgroup() { return (int(threadIdx.x) >> 5) % kKGroups; }
+  __device__ static int mrow0() { return (int(threadIdx.x) >> 5) / kKGroups * kMTiles * 16; }
 
   __device__ Cta(unsigned char* smem, const cg::cluster_group& cluster) : base(smem) {
     ranks = int(cluster.num_blocks());
@@ -149,14 +178,14 @@ struct Cta {
   // This warp's A fragments of rows [row0, row0 + 64) of W (transposed: of W^T).
   __device__ void load_weights(const __nv_bfloat16* w, bool transposed) {
     const int g = lane() >> 2, q = lane() & 3;
-    const int k0 = warp() * (kDim / kWarps);
+    const int k0 = kgroup() * (kDim / kKGroups);
 #pragma unroll
-    for (int mt = 0; mt < 4; ++mt)
+    for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-      for (int s = 0; s < KS; ++s)
+      for (int s = 0; s < kSteps; ++s)
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
-          const int row = row0 + mt * 16 + g + ((r & 1) ? 8 : 0);
+          const int row = row0 + mrow0() + mt * 16 + g + ((r & 1) ? 8 : 0);
           const int col = k0 + s * 16 + 2 * q + ((r & 2) ? 8 : 0);
           const size_t lo = transposed ? size_t(col) * kDim + row : size_t(row) * kDim + col;
           const size_t hi = transposed ? size_t(col + 1) * kDim + row : size_t(row) * kDim + col + 1;
@@ -189,34 +218,35 @@ struct Cta {
   }
   __device__ static void wait_inputs() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
 
-  // Partial products of this warp's columns with state buffer i, into red[warp][n][row].
+  // Partial products of this warp's rows and columns with state buffer i, into
+  // red[k-group][n][row].
   __device__ void multiply(int i) {
     const __nv_bfloat16* src = buffer(i);
     const int g = lane() >> 2, q = lane() & 3;
-    const int k0 = warp() * (kDim / kWarps);
-    float acc[4][NT][4];
+    const int k0 = kgroup() * (kDim / kKGroups);
+    float acc[kMTiles][NT][4];
 #pragma unroll
-    for (int mt = 0; mt < 4; ++mt)
+    for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int r = 0; r < 4; ++r) acc[mt][nt][r] = 0.f;
 #pragma unroll
-    for (int s = 0; s < KS; ++s)
+    for (int s = 0; s < kSteps; ++s)
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
         const __nv_bfloat16* row = src + (nt * 8 + g) * kRowElems + k0 + s * 16 + 2 * q;
         const uint32_t b0 = *reinterpret_cast<const uint32_t*>(row);
         const uint32_t b1 = *reinterpret_cast<const uint32_t*>(row + 8);
 #pragma unroll
-        for (int mt = 0; mt < 4; ++mt) mma(acc[mt][nt], a[mt][s], b0, b1);
+        for (int mt = 0; mt < kMTiles; ++mt) mma(acc[mt][nt], a[mt][s], b0, b1);
       }
-    float* mine = red() + warp() * kBc * kRedStride;
+    float* mine = red() + kgroup() * kBc * kRedStride;
 #pragma unroll
-    for (int mt = 0; mt < 4; ++mt)
+    for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
-        const int row = mt * 16 + g, col = nt * 8 + 2 * q;
+        const int row = mrow0() + mt * 16 + g, col = nt * 8 + 2 * q;
         mine[col * kRedStride + row] = acc[mt][nt][0];
         mine[(col + 1) * kRedStride + row] = acc[mt][nt][1];
         mine[col * kRedStride + row + 8] = acc[mt][nt][2];
@@ -228,7 +258,7 @@ struct Cta {
     float s = 0.f;
     const float* partial = red() + n * kRedStride + r;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) s += partial[w * kBc * kRedStride];
+    for (int w = 0; w < kKGroups; ++w) s += partial[w * kBc * kRedStride];
     return s;
   }
 
@@ -260,6 +290,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(Args p) {
   cg::cluster_group cluster = cg::this_cluster();
   extern __shared__ __align__(16) unsigned char smem[];
   C cta(smem, cluster);
+  stamp(p, 0);
   const size_t BD = size_t(p.batch) * C::kDim;
 
   cta.stage_inputs(0, p, 0, false);
@@ -282,12 +313,16 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(Args p) {
 
   for (int t = 0; t < p.steps; ++t) {
     const bool last = t + 1 == p.steps;
+    mark(p, t, 0);
     if (!last) cta.expect(t + 1);                 // h_t arrives in buffer t + 1
     cta.stage_inputs(t + 1, p, t + 1, last);
     if (t > 0) cta.wait_state(t - 1);             // h_{t-1} is complete
+    mark(p, t, 1);
     cta.multiply(t);
+    mark(p, t, 2);
     C::wait_inputs();
     __syncthreads();
+    mark(p, t, 3);
     const __nv_bfloat16* in = cta.inputs(t);
 #pragma unroll
     for (int i = 0; i < C::kPerThread; ++i) {
@@ -302,9 +337,12 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(Args p) {
         p.h_all[(t + 1) * BD + off] = hb;
       }
     }
+    mark(p, t, 4);
     if (!last) cta.send(t + 1);
+    mark(p, t, 5);
   }
   cluster.sync();  // no CTA leaves while another may still address its shared memory
+  stamp(p, 1);
 }
 
 template <int KS, int NT, class Epi>
@@ -417,9 +455,10 @@ cudaLaunchConfig_t config(int cluster, int clusters, int smem, cudaStream_t stre
 
 cudaError_t launch(const PersistentPlan& plan, int dim, bool backward, cudaStream_t stream,
                    const Args& args) {
-  KernelPtr k = pick<TanhSiluGate>(dim / 256, plan.bc / 8, backward);
+  KernelPtr k = pick<TanhSiluGateT<true>>(dim / 256, plan.bc / 8, backward);
   cudaLaunchAttribute attr[1];
   cudaLaunchConfig_t cfg = config(plan.cluster, plan.clusters, plan.smem, stream, attr);
+  
   const cudaError_t e = cudaLaunchKernelEx(&cfg, k, args);  // attributes were set by the plan
   return e == cudaSuccess ? cudaGetLastError() : e;
 }
@@ -448,7 +487,7 @@ PersistentPlan dense_persistent_plan(int batch, int dim, bool backward) {
     if (!cached[dev & 7][dim / 256][nt][backward]) {
       cached[dev & 7][dim / 256][nt][backward] = true;
       active = 0;
-      KernelPtr k = pick<TanhSiluGate>(dim / 256, nt, backward);
+      KernelPtr k = pick<TanhSiluGateT<true>>(dim / 256, nt, backward);
       cudaLaunchAttribute attr[1];
       cudaLaunchConfig_t cfg = config(plan.cluster, 1, smem, nullptr, attr);
       if (prepare(k, smem, plan.cluster) != cudaSuccess ||
@@ -474,7 +513,8 @@ PersistentPlan dense_persistent_plan(int batch, int dim, bool backward) {
 
 cudaError_t dense_persistent_forward(cudaStream_t stream, int epilogue, int steps, int batch,
                                      int dim, const void* wx, const void* z, const void* w_h,
-                                     const void* b, const void* h0, void* out, void* h_all) {
+                                     const void* b, const void* h0, void* out, void* h_all,
+                                     long long* trace) {
   if (epilogue != kTanhSiluGate) return cudaErrorInvalidValue;
   const PersistentPlan plan = dense_persistent_plan(batch, dim, false);
   if (!plan.ok) return cudaErrorInvalidConfiguration;
@@ -487,6 +527,7 @@ cudaError_t dense_persistent_forward(cudaStream_t stream, int epilogue, int step
   a.h0 = static_cast<const __nv_bfloat16*>(h0);
   a.out = static_cast<__nv_bfloat16*>(out);
   a.h_all = static_cast<__nv_bfloat16*>(h_all);
+  a.trace = trace;
   return launch(plan, dim, false, stream, a);
 }
 

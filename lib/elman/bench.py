@@ -299,6 +299,32 @@ def primitive_records(iters: int = 2000) -> list[dict]:
                          {"us": value}) for name, value in results.items()]
 
 
+TRACE_PHASES = ("wait for state", "multiply", "inputs + partials", "epilogue", "send")
+
+
+def trace_record(B: int, D: int, T: int = T_DEFAULT) -> dict:
+    """Where a persistent forward step spends its time: CTA 0's clock at six boundaries of
+    every step (see lib/csrc/dense_persistent.cu), as median nanoseconds per phase."""
+    ext = ops.load()
+    s = _cell_inputs(T, B, D, 1)[0]
+    out, h_all = torch.empty_like(s["wx"]), s["wx"].new_empty(T + 1, B, D)
+    trace = torch.zeros(T * 6 + 4, dtype=torch.int64, device="cuda")
+    for _ in range(3):
+        ext.dense_forward(s["wx"], s["z"], s["w_h"], s["b"], s["h0"], out, h_all, dense.GATE_SILU,
+                          True, trace)
+    torch.cuda.synchronize()
+    tr = trace.cpu()
+    clocks = tr[: T * 6].view(T, 6)[T // 8:]  # steady state: skip the first steps
+    c0, g0, c1, g1 = tr[T * 6:].tolist()
+    ghz = (c1 - c0) / (g1 - g0)
+    phases = (clocks[:, 1:] - clocks[:, :-1]).double().median(dim=0).values / ghz
+    step = (clocks[1:, 0] - clocks[:-1, 0]).double().median().item() / ghz
+    return records.make("bench", "E1", "cuda:persistent",
+                        {"measure": "trace", "B": B, "T": T, "D": D, "dtype": "bfloat16"},
+                        {"sm_clock_ghz": ghz, "step_ns": step,
+                         "phase_ns": dict(zip(TRACE_PHASES, phases.tolist()))})
+
+
 # ---- command --------------------------------------------------------------------------
 def add_arguments(p) -> None:
     p.add_argument("--B", type=int, nargs="*", default=list(SHAPES_B))
@@ -320,6 +346,8 @@ def main(args) -> int:
     recs: list[dict] = []
     if args.primitives:
         recs += primitive_records(200 if args.quick else 2000)
+        recs += [trace_record(B, D, args.T) for D in args.D for B in args.B
+                 if dense.plan(B, D, torch.bfloat16) == "persistent"]
         records.write(recs)
     warm_up()
     gate = ensure_parity(registry.get("E1"))
@@ -357,6 +385,10 @@ def summary(recs: list[dict]) -> str:
         p, m = r["params"], r["metrics"]
         if p["measure"] == "primitive":
             lines.append(f"primitive {r['impl']:<36} {m['us']:8.3f} us")
+        elif p["measure"] == "trace":
+            phases = "  ".join(f"{k} {v:6.0f}" for k, v in m["phase_ns"].items())
+            lines.append(f"trace B={p['B']:<3} D={p['D']:<5} step {m['step_ns']:6.0f} ns at "
+                         f"{m['sm_clock_ghz']:.2f} GHz: {phases}")
         elif p["measure"] == "cell":
             lines.append(f"cell  {r['impl']:<18} B={p['B']:<3} D={p['D']:<5} "
                          f"{m['per_step_us']:8.2f} us/step  fwd+bwd {m['fwdbwd_ms']['median']:8.3f} ms")
