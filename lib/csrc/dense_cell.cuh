@@ -22,18 +22,22 @@ __device__ __forceinline__ float tanh_approx(float x) {
   return y;
 }
 
-// E0 and E1: h = tanh(v), out = h * silu(z). kApprox uses the hardware tanh (relative
-// error about 2^-11, below bf16's rounding); only the bf16 persistent kernels take it.
+// E0 and E1: h = tanh(v), out = h * silu(z). kApprox uses the hardware tanh for tanh and
+// for the sigmoid (sigma(z) = (1 + tanh(z / 2)) / 2; relative error about 2^-11, below
+// bf16's rounding); only the bf16 persistent kernels take it.
 template <bool kApprox>
 struct TanhSiluGateT {
+  __device__ __forceinline__ static float sigmoid(float z) {
+    return kApprox ? fmaf(0.5f, tanh_approx(0.5f * z), 0.5f) : sigmoidf(z);
+  }
   __device__ __forceinline__ static void forward(float v, float z, float& h, float& out) {
     h = kApprox ? tanh_approx(v) : tanhf(v);
-    out = h * z * sigmoidf(z);
+    out = h * z * sigmoid(z);
   }
   // h is the stored h_t (tanh'(v) = 1 - h^2).
   __device__ __forceinline__ static void backward(float acc, float d_out, float h, float z,
                                                   float& dv, float& dz) {
-    const float s = sigmoidf(z);
+    const float s = sigmoid(z);
     const float silu = z * s;
     const float dsilu = s * (1.f + z * (1.f - s));
     dv = (acc + d_out * silu) * (1.f - h * h);
