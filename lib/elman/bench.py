@@ -23,9 +23,10 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from . import dense, ops, parity, records, registry
+from .report import TRACE_PHASES
 
 T_DEFAULT = 512
 SHAPES_B = (4, 16, 64)
@@ -297,9 +298,6 @@ def primitive_records(iters: int = 2000) -> list[dict]:
     results["cublas_gemm_4x512x512_in_graph_us"] = 1000 * timeit(lambda i: g2.replay(), 50, 5)["median"] / 100
     return [records.make("bench", "primitive", name, {"measure": "primitive", "iters": iters},
                          {"us": value}) for name, value in results.items()]
-
-
-TRACE_PHASES = ("wait for state", "multiply", "inputs + partials", "epilogue", "send")
 
 
 def trace_record(B: int, D: int, T: int = T_DEFAULT) -> dict:

@@ -15,7 +15,7 @@ import math
 from typing import Iterable
 
 import torch
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from . import ops, records, registry
 

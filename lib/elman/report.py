@@ -1,0 +1,294 @@
+"""What the chapters show: tables and plots read from `runs/` records (never typed in).
+
+Every function takes the records it reports on (`elman.records.read(...)`), so a chapter
+executed on a GPU shows the run it just made and one executed on a CPU shows the newest
+committed run.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+
+from . import records
+
+# Phases of a persistent forward step, in order (the kernel's trace marks, dense_persistent.cu).
+TRACE_PHASES = ("wait for state", "multiply", "inputs + partials", "epilogue", "send")
+
+IMPL_STYLE = {
+    "cuda:persistent": ("persistent kernel (ours)", "C3", "o"),
+    "cuda:steps+graph": ("cuBLAS per step, CUDA graph", "C0", "s"),
+    "cuda:steps": ("cuBLAS per step, stream", "C9", "^"),
+    "cudnn:fp16": ("cuDNN nn.RNN fp16", "C2", "D"),
+    "cudnn:bf16": ("cuDNN nn.RNN bf16", "C1", "v"),
+    "torch:eager": ("PyTorch eager loop", "C7", "x"),
+}
+
+
+def runs_with(kind: str, measure: str | None = None, root: Path | str | None = None) -> list[Path]:
+    """Run folders (oldest first) holding records of this kind (and bench measure)."""
+    root = Path(root) if root else records.RUNS
+    out = []
+    for f in sorted(root.glob("*/records.jsonl")):
+        recs = records.read([f], kind=kind)
+        if recs and (measure is None or any(r["params"].get("measure") == measure for r in recs)):
+            out.append(f.parent)
+    return out
+
+
+def pick_run(kind: str, measure: str | None = None, runs_dir: str | Path | None = None) -> Path | None:
+    """`runs_dir` if it holds such records, else the newest run in runs/ that does."""
+    candidates = ([Path(runs_dir)] if runs_dir else []) + runs_with(kind, measure)[::-1]
+    for run in candidates:
+        recs = records.read([run], kind=kind) if (run / "records.jsonl").exists() else []
+        if recs and (measure is None or any(r["params"].get("measure") == measure for r in recs)):
+            return run
+    return None
+
+
+def run_note(run: Path) -> str:
+    f = Path(run) / "run.json"
+    return json.loads(f.read_text()).get("note", "") if f.exists() else ""
+
+
+def describe(run: Path | None) -> str:
+    if run is None:
+        return "No GPU run with these records exists yet."
+    recs = records.read([run])
+    e = recs[0]["env"] if recs else {}
+    return (f"Run `{run.name}`: {e.get('gpu')}, driver {e.get('driver')}, torch {e.get('torch')}, "
+            f"CUDA {e.get('cuda')}, commit {e.get('commit')}{' (dirty)' if e.get('dirty') else ''}. "
+            f"{run_note(run)}")
+
+
+# ---- tables (markdown) -----------------------------------------------------------------
+def parity_table(recs: list[dict]) -> str:
+    from .parity import table
+    return table(recs)
+
+
+def parity_summary(recs: list[dict]) -> str:
+    """One row per (variant, impl, dtype): shapes checked, worst errors, verdict."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in recs:
+        groups.setdefault((r["variant"], r["impl"], r["params"]["dtype"]), []).append(r)
+    lines = ["| variant | implementation | dtype | shapes | worst forward error | worst gradient error "
+             "| tolerance (fwd / grad) | result |", "|---|---|---|---|---|---|---|---|"]
+    for (v, impl, dt), rs in sorted(groups.items()):
+        f = max(r["metrics"]["max_fwd"] for r in rs)
+        b = max(r["metrics"]["max_bwd"] for r in rs)
+        ok = all(r["metrics"]["passed"] for r in rs)
+        m = rs[0]["metrics"]
+        lines.append(f"| {v} | {impl} | {dt} | {len(rs)} | {f:.2e} | {b:.2e} | "
+                     f"{m['tol_fwd']:.0e} / {m['tol_bwd']:.0e} | {'pass' if ok else 'FAIL'} |")
+    return "\n".join(lines)
+
+
+def cell_table(recs: list[dict]) -> str:
+    """Per-step forward latency (us) and forward+backward (ms) of every implementation."""
+    cells = [r for r in recs if r["params"].get("measure") == "cell"]
+    shapes = sorted({(r["params"]["D"], r["params"]["B"]) for r in cells})
+    impls = [i for i in IMPL_STYLE if any(r["impl"] == i for r in cells)]
+    head = "| D | B | " + " | ".join(IMPL_STYLE[i][0] for i in impls) + " |"
+    lines = [head, "|---|---|" + "---|" * len(impls)]  # cells: fwd us per step / fwd+bwd ms
+    for D, B in shapes:
+        row = []
+        for i in impls:
+            r = next((r for r in cells if r["impl"] == i and (r["params"]["D"], r["params"]["B"]) == (D, B)), None)
+            row.append("—" if r is None else
+                       f"{r['metrics']['per_step_us']:.2f} us / {r['metrics']['fwdbwd_ms']['median']:.2f} ms")
+        lines.append(f"| {D} | {B} | " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def ratio_table(recs: list[dict], ours: str = "cuda:persistent",
+                others: tuple[str, ...] = ("cuda:steps+graph", "cudnn:fp16", "cudnn:bf16")) -> str:
+    """How many times faster `ours` is per forward step (and forward+backward) than others."""
+    cells = {(r["impl"], r["params"]["D"], r["params"]["B"]): r["metrics"]
+             for r in recs if r["params"].get("measure") == "cell"}
+    shapes = sorted({(D, B) for (i, D, B) in cells if i == ours})
+    lines = ["| D | B | " + " | ".join(f"vs {IMPL_STYLE[o][0]}" for o in others) + " |",
+             "|---|---|" + "---|" * len(others)]
+    for D, B in shapes:
+        m = cells[(ours, D, B)]
+        row = []
+        for o in others:
+            n = cells.get((o, D, B))
+            row.append("—" if n is None else
+                       f"{n['per_step_us'] / m['per_step_us']:.1f}x fwd, "
+                       f"{n['fwdbwd_ms']['median'] / m['fwdbwd_ms']['median']:.1f}x fwd+bwd")
+        lines.append(f"| {D} | {B} | " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def layer_table(recs: list[dict], variants: tuple[str, ...] | None = None) -> str:
+    rows = [r for r in recs if r["params"].get("measure") == "layer"
+            and (variants is None or r["variant"] in variants)]
+    lines = ["| layer | implementation | dtype | D | B | forward (ms) | forward+backward (ms) | tokens/s "
+             "| peak memory (MB) |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: (r["variant"], r["params"]["D"], r["params"]["B"], r["impl"])):
+        p, m = r["params"], r["metrics"]
+        lines.append(f"| {r['variant']} | {r['impl']} | {p['dtype']} | {p['D']} | {p['B']} | "
+                     f"{m['fwd_ms']['median']:.3f} | {m['fwdbwd_ms']['median']:.3f} | "
+                     f"{m['tokens_per_s']:,.0f} | {m['peak_mem_mb']:.0f} |")
+    return "\n".join(lines)
+
+
+def primitive_table(recs: list[dict]) -> str:
+    rows = [r for r in recs if r["params"].get("measure") == "primitive"]
+    lines = ["| primitive | cost (us) |", "|---|---|"]
+    lines += [f"| {r['impl'].removesuffix('_us').replace('_', ' ')} | {r['metrics']['us']:.3f} |" for r in rows]
+    return "\n".join(lines)
+
+
+# ---- plots -----------------------------------------------------------------------------
+def plot_cells(recs: list[dict], metric: str = "per_step_us", title: str = ""):
+    """Per-step latency (or fwd+bwd time) against B, one panel per D, one line per impl."""
+    cells = [r for r in recs if r["params"].get("measure") == "cell"]
+    dims = sorted({r["params"]["D"] for r in cells})
+    fig, axes = plt.subplots(1, max(1, len(dims)), figsize=(4.2 * max(1, len(dims)), 3.6),
+                             sharey=True, squeeze=False)
+    for ax, D in zip(axes[0], dims):
+        for impl, (label, color, marker) in IMPL_STYLE.items():
+            pts = sorted((r["params"]["B"], _metric(r, metric)) for r in cells
+                         if r["impl"] == impl and r["params"]["D"] == D)
+            if pts:
+                ax.plot(*zip(*pts), marker=marker, color=color, label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("batch B")
+        ax.set_title(f"D = {D}")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].set_ylabel({"per_step_us": "forward per step (us)",
+                           "fwdbwd_ms": "forward + backward, T = 512 (ms)"}.get(metric, metric))
+    axes[0][-1].legend(fontsize=7, loc="best")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def _metric(r: dict, metric: str) -> float:
+    v = r["metrics"][metric]
+    return v["median"] if isinstance(v, dict) else v
+
+
+def plot_trace(recs: list[dict]):
+    """Stacked phases of one persistent forward step, per (B, D)."""
+    rows = sorted((r for r in recs if r["params"].get("measure") == "trace"),
+                  key=lambda r: (r["params"]["D"], r["params"]["B"]))
+    fig, ax = plt.subplots(figsize=(7, 3.4))
+    if not rows:
+        return fig
+    labels = [f"B={r['params']['B']}\nD={r['params']['D']}" for r in rows]
+    bottom = [0.0] * len(rows)
+    for k, phase in enumerate(TRACE_PHASES):
+        vals = [r["metrics"]["phase_ns"][phase] for r in rows]
+        ax.bar(labels, vals, bottom=bottom, label=phase, color=f"C{k}")
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.set_ylabel("ns per step (median, CTA 0)")
+    ax.legend(fontsize=7, ncol=3)
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def plot_versions(runs: list[Path], B: int, D: int):
+    """Per-step latency of the persistent kernel across development runs, at one shape."""
+    pts = []
+    for run in runs:
+        for r in records.read([run], kind="bench"):
+            p = r["params"]
+            if (r["impl"] == "cuda:persistent" and p.get("measure") == "cell"
+                    and p["B"] == B and p["D"] == D):
+                pts.append((r["env"]["commit"], r["metrics"]["per_step_us"]))
+    fig, ax = plt.subplots(figsize=(6, 3))
+    if pts:
+        ax.bar([c for c, _ in pts], [v for _, v in pts], color="C3")
+        for i, (_, v) in enumerate(pts):
+            ax.text(i, v, f"{v:.2f}", ha="center", va="bottom", fontsize=8)
+    ax.set_ylabel(f"us per step (B={B}, D={D})")
+    ax.set_xlabel("commit")
+    fig.tight_layout()
+    return fig
+
+
+def speed_summary(recs: list[dict], ours: str = "cuda:persistent") -> str:
+    """Bullet sentences with the measured per-step latency of `ours` and its ratios to the
+    per-step cuBLAS graph and cuDNN fp16 at every recorded shape."""
+    cells = {(r["impl"], r["params"]["D"], r["params"]["B"]): r["metrics"]
+             for r in recs if r["params"].get("measure") == "cell"}
+    out = []
+    for (impl, D, B), m in sorted(cells.items(), key=lambda kv: (kv[0][1], kv[0][2])):
+        if impl != ours:
+            continue
+        parts = [f"- D = {D}, B = {B}: {m['per_step_us']:.2f} us per forward step, "
+                 f"{m['fwdbwd_ms']['median']:.2f} ms forward + backward over T = 512"]
+        for other in ("cuda:steps+graph", "cudnn:fp16"):
+            n = cells.get((other, D, B))
+            if n:
+                parts.append(f"{n['per_step_us'] / m['per_step_us']:.1f}x faster per step than "
+                             f"{IMPL_STYLE[other][0]}")
+        out.append("; ".join(parts) + ".")
+    return "\n".join(out) or "No persistent-kernel benchmark is recorded in this run."
+
+
+def reference_checks(variant: str, T: int = 4, B: int = 2, D: int = 5) -> str:
+    """CPU checks of a variant's reference (fp64 gradcheck; the whole sequence equals T
+    single steps that carry the state), as a markdown table."""
+    import importlib
+    import inspect
+
+    import torch
+
+    from . import dense
+    mod = importlib.import_module(f"elman.variants.{variant.lower()}")
+    names = tuple(inspect.signature(mod.reference).parameters)
+    kw = dense.random_inputs(T, B, D, names, "cpu", torch.Generator().manual_seed(0))
+    grad_ok = torch.autograd.gradcheck(lambda *a: mod.reference(**dict(zip(names, a))),
+                                       tuple(kw.values()), eps=1e-6, atol=1e-6)
+    plain = {k: v.detach() for k, v in kw.items()}
+    full, h_full = mod.reference(**plain)
+    h, outs = plain["h0"], []
+    for t in range(T):
+        step = {k: (v[t:t + 1] if v.dim() == 3 else v) for k, v in plain.items()}
+        out, h = mod.reference(**{**step, "h0": h})
+        outs.append(out)
+    seq_err = (torch.cat(outs) - full).abs().max().item()
+    return ("| check | result |\n|---|---|\n"
+            f"| fp64 gradcheck, every input (T={T}, B={B}, D={D}) | {'pass' if grad_ok else 'FAIL'} |\n"
+            f"| sequence vs. {T} single steps, max abs difference | {seq_err:.1e} |")
+
+
+TARGETS = (  # issue "Persistent recurrent kernels": (measure, shape, committed, moonshot)
+    ("forward per step (us)", [(B, D) for D in (512, 1024) for B in (4, 16, 64)], 1.0, 0.5),
+    ("forward per step (us)", [(64, 2048)], 2.5, 2.0),
+    ("layer forward+backward (ms)", [(64, 1024)], 3.0, 1.5),
+    ("layer forward+backward (ms)", [(64, 2048)], 8.0, 5.0),
+)
+
+
+def target_table(recs: list[dict], variant: str = "E1") -> str:
+    """The kernel targets against what this run measured (E1, bf16, T = 512)."""
+    cell = {(r["params"]["B"], r["params"]["D"]): r for r in recs
+            if r["params"].get("measure") == "cell" and r["impl"] == "cuda:persistent"}
+    steps = {(r["params"]["B"], r["params"]["D"]): r for r in recs
+             if r["params"].get("measure") == "cell" and r["impl"] == "cuda:steps+graph"}
+    layer = {(r["params"]["B"], r["params"]["D"]): r for r in recs
+             if r["params"].get("measure") == "layer" and r["variant"] == variant}
+    lines = ["| measure | B | D | committed | moonshot | measured | path | committed met | moonshot met |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for measure, shapes, committed, moon in TARGETS:
+        for B, D in shapes:
+            if measure.startswith("forward"):
+                r = cell.get((B, D)) or steps.get((B, D))
+                value = r["metrics"]["per_step_us"] if r else None
+            else:
+                r = layer.get((B, D))
+                value = r["metrics"]["fwdbwd_ms"]["median"] if r else None
+            path = r["impl"] if r else "—"
+            shown = "not measured" if value is None else f"{value:.2f}"
+            met = lambda lim: "—" if value is None else ("yes" if value <= lim else "no")
+            lines.append(f"| {measure} | {B} | {D} | <= {committed} | <= {moon} | {shown} | {path} "
+                         f"| {met(committed)} | {met(moon)} |")
+    return "\n".join(lines)
