@@ -18,9 +18,10 @@ def test_variant_parity(level, dtype):
     assert recs and not failed, parity.table(failed)
 
 
-def test_both_paths_checked_where_persistent_runs():
-    recs = parity.check_entry(registry.get("E1"), ["bfloat16"], shapes=[(5, 4, 512)])
-    assert {r["impl"] for r in recs} == {"cuda:persistent", "cuda:steps"}
+def test_every_path_checked():
+    recs = parity.check_entry(registry.get("E1"), ["bfloat16"], shapes=[(5, 4, 512), (3, 2, 100)])
+    assert [r["impl"] for r in recs] == ["cuda:persistent", "cuda:graph", "cuda:steps",
+                                         "cuda:graph", "cuda:steps"]
 
 
 def _inputs(T=3, B=2, D=256, dtype=torch.bfloat16, device="cuda"):
@@ -31,10 +32,19 @@ def _inputs(T=3, B=2, D=256, dtype=torch.bfloat16, device="cuda"):
 
 def test_path_reported():
     kw = _inputs()
-    dense.gated_cell_cuda(**kw, path="persistent")
-    assert dense.last_path["forward"] == "persistent"
-    dense.gated_cell_cuda(**kw, path="steps")
-    assert dense.last_path["forward"] == "steps"
+    for path in ("persistent", "graph", "steps"):
+        dense.gated_cell_cuda(**kw, path=path)
+        assert dense.last_path["forward"] == path
+    dense.gated_cell_cuda(**_inputs(D=100))
+    assert dense.last_path["forward"] == "graph"
+
+
+def test_graph_path_reuses_one_capture_per_shape():
+    before = len(dense._graphs)
+    kw = _inputs(T=4, B=3, D=96)
+    a = dense.gated_cell_cuda(**kw, path="graph")[0]
+    b = dense.gated_cell_cuda(**kw, path="graph")[0]
+    assert len(dense._graphs) == before + 1 and torch.equal(a, b)
 
 
 def test_persistent_refuses_unsupported_sizes():

@@ -188,7 +188,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("z"), py::arg("w_h"), py::arg("b"), py::arg("h0"), py::arg("out"),
         py::arg("h_all"), py::arg("epilogue"), py::arg("persistent"),
         py::arg("trace") = py::none());
-  m.def("dense_backward", &dense_backward, "dense-family recurrence backward");
+  m.def("dense_backward", &dense_backward, "dense-family recurrence backward", py::arg("w_h"),
+        py::arg("h_all"), py::arg("z"), py::arg("d_out"), py::arg("d_hT"), py::arg("dv"),
+        py::arg("dz"), py::arg("dh0"), py::arg("epilogue"), py::arg("persistent"));
   m.def("dense_persistent_supported", &dense_persistent_supported,
         "(ok, reason): whether the persistent kernels take this B, D and dtype");
   m.def("dense_persistent_plan", &dense_persistent_plan, "launch shape of the persistent kernel");

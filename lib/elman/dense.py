@@ -11,11 +11,13 @@ large GEMMs (torch/cuBLAS); the compiled op owns only the recurrence:
 - forward  `(wx, z, W_h, b, h0) -> (out, h_all)` with `h_all[0] = h0`, `h_all[t+1] = h_t`;
 - backward `(W_h, h_all, z, d_out, d_hT) -> (dv, dz, dh0)`.
 
-Two implementations of the op exist: `persistent` (bf16; W_h stays in registers of a
-thread-block cluster for the whole sequence; chapter "Kernel engineering") and `steps`
-(one cuBLAS GEMM plus one fused elementwise kernel per step; any size, fp32 and bf16).
-`path="auto"` takes the persistent kernel where it supports the size. `last_path` says
-what ran.
+Three paths run the op: `persistent` (bf16; W_h stays in registers of a thread-block
+cluster for the whole sequence; chapter "Kernel engineering"), `steps` (one cuBLAS GEMM
+plus one fused elementwise kernel per step, launched from the stream; any size, fp32 and
+bf16) and `graph` (the same per-step loop captured once per shape in a CUDA graph and
+replayed on static buffers, which removes the launch cost of every step). `path="auto"`
+takes the persistent kernel where it supports the size, else `graph`, or `steps` while
+the stream is itself being captured. `last_path` says what ran.
 """
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ import torch.nn.functional as F
 
 from . import ops
 
-PATHS = ("auto", "persistent", "steps")
+PATHS = ("auto", "persistent", "graph", "steps")
+GRAPH_CACHE_SIZE = 8  # captured (shape, dtype, direction) loops kept per process
 GATE_SILU = 0  # epilogue id in lib/csrc/dense_cell.cuh: out = h * silu(z)
 last_path: dict[str, str] = {}
 
@@ -42,21 +45,76 @@ def check_inputs(x: torch.Tensor, z: torch.Tensor, h0: torch.Tensor | None) -> N
 
 
 def plan(B: int, D: int, dtype: torch.dtype, path: str = "auto") -> str:
-    """Which implementation runs for this size: 'persistent' or 'steps'."""
+    """Which implementation runs for this size: 'persistent', 'graph' or 'steps'."""
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
     ext = ops.load()
     ok, why = ext.dense_persistent_supported(B, D, dtype == torch.bfloat16)
     if path == "persistent" and not ok:
         raise ValueError(f"the persistent kernel does not take B={B}, D={D}, {dtype}: {why}")
-    if path == "steps":
-        return "steps"
-    return "persistent" if ok else "steps"
+    capturing = torch.cuda.is_current_stream_capturing()
+    if path == "graph" and capturing:
+        raise ValueError("path='graph' cannot run while the stream is being captured; use 'steps'")
+    if path != "auto":
+        return path
+    return "persistent" if ok else ("steps" if capturing else "graph")
 
 
 def paths(B: int, D: int, dtype: torch.dtype) -> list[str]:
     """Every implementation that runs this size (the parity suite checks each)."""
-    return ["persistent", "steps"] if plan(B, D, dtype) == "persistent" else ["steps"]
+    return (["persistent"] if plan(B, D, dtype) == "persistent" else []) + ["graph", "steps"]
+
+
+_graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, dict[str, torch.Tensor]]] = {}
+
+
+def _replayed(name: str, args: dict[str, torch.Tensor], outs: dict[str, torch.Tensor]) -> None:
+    """Run the per-step op `name` of the extension (dense_forward / dense_backward) from a
+    CUDA graph captured once per shape: copy `args` into the graph's static inputs, replay,
+    copy its static outputs into `outs`."""
+    ext = ops.load()
+    key = (name, *(tuple(t.shape) for t in args.values()), args["z"].dtype, args["z"].device)
+    if key not in _graphs:
+        if len(_graphs) >= GRAPH_CACHE_SIZE:
+            _graphs.pop(next(iter(_graphs)))
+        static = {k: torch.zeros_like(t) for k, t in {**args, **outs}.items()}
+
+        def call():
+            getattr(ext, name)(**static, epilogue=GATE_SILU, persistent=False)
+        side = torch.cuda.Stream(device=args["z"].device)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            call()  # warm-up outside the capture (cuBLAS handle and workspace)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            call()
+        _graphs[key] = (graph, static)
+    graph, static = _graphs[key]
+    for k, t in args.items():
+        static[k].copy_(t)
+    if ops.is_poisoned():  # parity runs: show any output element the replay leaves unwritten
+        for k in outs:
+            static[k].fill_(float("nan"))
+    graph.replay()
+    for k, t in outs.items():
+        t.copy_(static[k])
+
+
+def _forward_op(chosen: str, wx, z, w_h, b, h0, out, h_all) -> None:
+    if chosen == "graph":
+        _replayed("dense_forward", dict(wx=wx, z=z, w_h=w_h, b=b, h0=h0), dict(out=out, h_all=h_all))
+    else:
+        ops.load().dense_forward(wx, z, w_h, b, h0, out, h_all, GATE_SILU, chosen == "persistent")
+
+
+def _backward_op(chosen: str, w_h, h_all, z, d_out, d_hT, dv, dz, dh0) -> None:
+    if chosen == "graph":
+        _replayed("dense_backward", dict(w_h=w_h, h_all=h_all, z=z, d_out=d_out, d_hT=d_hT),
+                  dict(dv=dv, dz=dz, dh0=dh0))
+    else:
+        ops.load().dense_backward(w_h, h_all, z, d_out, d_hT, dv, dz, dh0, GATE_SILU,
+                                  chosen == "persistent")
 
 
 class GatedCell(torch.autograd.Function):
@@ -70,7 +128,7 @@ class GatedCell(torch.autograd.Function):
         wx = (x.reshape(T * B, D) @ w_x.t()).view(T, B, D)
         out = ops.empty((T, B, D), x)
         h_all = ops.empty((T + 1, B, D), x)
-        ops.load().dense_forward(wx, z, w_h, b, h0, out, h_all, GATE_SILU, chosen == "persistent")
+        _forward_op(chosen, wx, z, w_h, b, h0, out, h_all)
         ctx.save_for_backward(x, z, w_x, w_h, h_all)
         ctx.path = chosen
         last_path["forward"] = chosen
@@ -85,9 +143,10 @@ class GatedCell(torch.autograd.Function):
         dv = ops.empty((T, B, D), x)
         dz = ops.empty((T, B, D), x)
         dh0 = ops.empty((B, D), x)
-        ops.load().dense_backward(w_h, h_all, z, d_out, d_hT, dv, dz, dh0, GATE_SILU,
-                                  ctx.path == "persistent")
-        last_path["backward"] = ctx.path
+        chosen = "steps" if ctx.path == "graph" and torch.cuda.is_current_stream_capturing() \
+            else ctx.path
+        _backward_op(chosen, w_h, h_all, z, d_out, d_hT, dv, dz, dh0)
+        last_path["backward"] = chosen
         dv2 = dv.view(T * B, D)
         dw_h = dv2.t() @ h_all[:T].reshape(T * B, D)
         dw_x = dv2.t() @ x.view(T * B, D)

@@ -80,6 +80,10 @@ def empty(shape, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.
     return torch.empty(shape, dtype=dtype, device=like.device)
 
 
+def is_poisoned() -> bool:
+    return _poison
+
+
 @contextlib.contextmanager
 def poisoned():
     global _poison
