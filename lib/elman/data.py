@@ -1,0 +1,455 @@
+"""Byte corpora and the training loader (`elman data`). Chapter: book/chapters/training_protocol.ipynb.
+
+The default corpus is the Linux 6.1 source tree from Debian's package `linux-source-6.1`:
+every file of the tree that is text (valid UTF-8, no NUL and no 0x1E byte) is one
+document; documents are put in a seeded shuffled order and joined by the byte 0x1E
+(ASCII record separator). The last 1 % of documents are the held-out validation split,
+which training windows never touch. A JSON manifest beside the text (`<file>.json`)
+records the package, its version and sha256, the corpus sha256, sizes and where the
+validation split starts.
+
+Subsets keep that layout: a prefix of the training documents and a prefix of the
+validation documents (`subset`). `pack` writes one as xz to carry to a GPU host;
+`unpack` (or `ByteData` given a `.xz` file) restores it. The committed test slice in
+`tests/data/` is such a subset.
+
+The loader (`ByteData`, `Batches`) memory-maps any raw byte file and draws i.i.d.
+windows of T+1 bytes. Window positions come from a counter-based generator keyed by
+(seed, rank, step): resuming at step k draws exactly the windows of step k without
+replaying, each DDP rank has its own stream, and every model trained with the same seed,
+batch and T sees the same windows in the same order. A file without a manifest holds
+out its last 1 % of bytes for validation.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import lzma
+import os
+import queue
+import shutil
+import subprocess
+import tarfile
+import threading
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from .records import ROOT
+
+SEP = 0x1E
+PACKAGE = "linux-source-6.1"
+TARBALL = "usr/src/linux-source-6.1.tar.xz"
+CORPUS_NAME = "linux-6.1"
+DEFAULT_DATA = ROOT / "data" / f"{CORPUS_NAME}.txt"
+CACHE = ROOT / ".cache" / "data"
+TEST_SLICE = ROOT / "tests" / "data" / f"{CORPUS_NAME}-slice.txt"
+SHUFFLE_SEED = 1990
+VAL_FRACTION = 0.01
+_TRAIN, _VAL = 0, 1  # generator domains
+
+
+class DataError(RuntimeError):
+    """A corpus cannot be built, read or found; the message says what to do."""
+
+
+# ---------------------------------------------------------------------------------------
+# Building the default corpus from the Debian package
+
+
+def download_deb(package: str = PACKAGE, dest: Path = CACHE) -> Path:
+    """`apt-get download PACKAGE` into dest; clear errors on machines without apt."""
+    hint = (f"The default corpus is built from Debian's package {package} "
+            f"(`apt-get download {package}`). Download the .deb on a Debian or Ubuntu "
+            f"machine and pass `elman data --deb FILE`, or train on any raw byte file "
+            f"with `elman train --data FILE`.")
+    if shutil.which("apt-get") is None:
+        raise DataError(f"apt-get not found: this machine is not Debian-based. {hint}")
+    dest.mkdir(parents=True, exist_ok=True)
+    found = sorted(dest.glob(f"{package}_*.deb"))
+    if found:
+        return found[-1]
+    cmd = ["apt-get", "download", package]
+    proc = subprocess.run(cmd, cwd=dest, capture_output=True, text=True)
+    found = sorted(dest.glob(f"{package}_*.deb"))
+    if proc.returncode != 0 or not found:
+        raise DataError(f"`{' '.join(cmd)}` failed (exit {proc.returncode}) in {dest}:\n"
+                        f"{proc.stderr.strip() or proc.stdout.strip()}\n"
+                        f"If the package lists are stale, run `apt-get update` first. {hint}")
+    return found[-1]
+
+
+def _ar_members(blob: bytes) -> dict[str, bytes]:
+    """Members of a Debian package (an `ar` archive)."""
+    if not blob.startswith(b"!<arch>\n"):
+        raise DataError("not a Debian package (.deb): missing the ar archive header")
+    out, pos = {}, 8
+    while pos + 60 <= len(blob):
+        header = blob[pos:pos + 60]
+        name = header[:16].decode().strip().rstrip("/")
+        size = int(header[48:58].decode().strip())
+        out[name] = blob[pos + 60:pos + 60 + size]
+        pos += 60 + size + (size & 1)
+    return out
+
+
+def _open_tar(name: str, data: bytes) -> tarfile.TarFile:
+    if name.endswith(".zst"):
+        raise DataError(f"{name} is zstd-compressed, which Python's standard library cannot "
+                        f"read; unpack it with `dpkg-deb -x` and pass the tarball instead")
+    return tarfile.open(fileobj=io.BytesIO(data), mode="r:*")
+
+
+def _deb_info(deb: Path) -> tuple[dict[str, str], bytes]:
+    """The package's control fields and its data.tar member."""
+    members = _ar_members(deb.read_bytes())
+    control = next((k for k in members if k.startswith("control.tar")), None)
+    data = next((k for k in members if k.startswith("data.tar")), None)
+    if control is None or data is None:
+        raise DataError(f"{deb} lacks control.tar or data.tar: not a valid .deb")
+    with _open_tar(control, members[control]) as tar:
+        text = tar.extractfile(next(m for m in tar.getmembers()
+                                    if m.name.lstrip("./") == "control")).read().decode()
+    fields = dict(line.split(": ", 1) for line in text.splitlines() if ": " in line)
+    return fields, members[data]
+
+
+def is_text(blob: bytes) -> bool:
+    """A document: non-empty, valid UTF-8, no NUL and no separator byte."""
+    if not blob or b"\x00" in blob or bytes([SEP]) in blob:
+        return False
+    try:
+        blob.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _documents(deb: Path) -> tuple[dict[str, str], list[tuple[str, bytes]]]:
+    fields, data_tar = _deb_info(deb)
+    with _open_tar("data.tar", data_tar) as outer:
+        member = next((m for m in outer.getmembers() if m.name.lstrip("./") == TARBALL), None)
+        if member is None:
+            raise DataError(f"{deb} does not hold {TARBALL}")
+        inner_xz = outer.extractfile(member).read()
+    docs = []
+    with tarfile.open(fileobj=io.BytesIO(inner_xz), mode="r|xz") as tar:
+        for m in tqdm(tar, desc="reading the kernel tree", unit=" files"):
+            if m.isfile():
+                blob = tar.extractfile(m).read()
+                if is_text(blob):
+                    docs.append((m.name, blob))
+    docs.sort(key=lambda d: d[0])
+    return fields, docs
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def manifest_path(data: Path | str) -> Path:
+    """`corpus.txt` and `corpus.txt.xz` both have the manifest `corpus.txt.json`."""
+    data = Path(data)
+    return data.with_name(data.name.removesuffix(".xz") + ".json")
+
+
+def read_manifest(data: Path | str) -> dict | None:
+    path = manifest_path(data)
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _write_docs(docs: list[bytes], n_val: int, out: Path) -> dict:
+    """Join documents by 0x1E into out; the last n_val documents are the validation split."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(bytes([SEP]).join(docs))
+    os.replace(tmp, out)
+    n_train = len(docs) - n_val
+    val_offset = sum(len(d) + 1 for d in docs[:n_train])
+    size = out.stat().st_size
+    return {"bytes": size, "documents": len(docs), "sha256": sha256(out),
+            "val": {"offset": val_offset, "bytes": size - val_offset, "documents": n_val}}
+
+
+def build(deb: Path | None = None, out: Path = DEFAULT_DATA, seed: int = SHUFFLE_SEED,
+          val_fraction: float = VAL_FRACTION) -> dict:
+    """Build the default corpus from the .deb (downloaded if not given); returns the manifest."""
+    deb = Path(deb) if deb else download_deb()
+    fields, docs = _documents(deb)
+    if not docs:
+        raise DataError(f"no text documents found in {deb}")
+    order = np.random.default_rng(seed).permutation(len(docs))
+    texts = [docs[i][1] for i in order]
+    n_val = max(1, int(np.ceil(len(texts) * val_fraction)))
+    manifest = {
+        "name": CORPUS_NAME, "built_by": "elman data",
+        "package": fields.get("Package", PACKAGE), "version": fields.get("Version"),
+        "deb": deb.name, "deb_sha256": sha256(deb), "source": TARBALL,
+        "filter": "regular files that are valid UTF-8 with no NUL and no 0x1E byte",
+        "separator": "0x1E", "shuffle_seed": seed, "val_fraction": val_fraction,
+        **_write_docs(texts, n_val, Path(out)),
+    }
+    manifest_path(out).write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def _split_docs(path: Path, manifest: dict) -> tuple[list[bytes], list[bytes]]:
+    blob = Path(path).read_bytes()
+    off = manifest["val"]["offset"]
+    return blob[:off - 1].split(bytes([SEP])), blob[off:].split(bytes([SEP]))
+
+
+def _take(docs: list[bytes], budget: int) -> list[bytes]:
+    """Documents in order, each one that still fits in the byte budget (separators counted)."""
+    out, used = [], 0
+    for d in docs:
+        if used + len(d) + 1 <= budget:
+            out.append(d)
+            used += len(d) + 1
+    return out
+
+
+def subset(src: Path, out: Path, train_bytes: int, val_bytes: int | None = None) -> dict:
+    """A smaller corpus: a prefix of src's training documents (up to train_bytes) and of its
+    validation documents (up to val_bytes, all if None), same layout and manifest."""
+    manifest = read_manifest(src)
+    if manifest is None:
+        raise DataError(f"{src} has no manifest {manifest_path(src)}; build it with `elman data`")
+    train, val = _split_docs(src, manifest)
+    train = _take(train, train_bytes)
+    val = val if val_bytes is None else _take(val, val_bytes)
+    if not train or not val:
+        raise DataError(f"a subset of {train_bytes} + {val_bytes} bytes holds no whole document")
+    sub = {k: v for k, v in manifest.items() if k not in ("bytes", "documents", "sha256", "val")}
+    sub["subset_of"] = {"sha256": manifest["sha256"], "bytes": manifest["bytes"],
+                        "train_bytes": train_bytes, "val_bytes": val_bytes}
+    sub.update(_write_docs(train + val, len(val), Path(out)))
+    manifest_path(out).write_text(json.dumps(sub, indent=2) + "\n")
+    return sub
+
+
+def pack(src: Path, out: Path, megabytes: float) -> dict:
+    """An xz-compressed subset of about `megabytes` MB of training text plus src's whole
+    validation split, for carrying to a GPU host. Writes out (.xz) and its manifest."""
+    out = Path(out)
+    text = out.with_name(out.name.removesuffix(".xz"))
+    manifest = subset(src, text, int(megabytes * 1e6))
+    with open(text, "rb") as f, lzma.open(out.with_name(out.name + ".tmp"), "wb", preset=6) as z:
+        for block in tqdm(iter(lambda: f.read(1 << 22), b""), total=-(-manifest["bytes"] // (1 << 22)),
+                          desc="xz", unit="x4MB"):
+            z.write(block)
+    os.replace(out.with_name(out.name + ".tmp"), out)
+    text.unlink()
+    manifest["xz_bytes"] = out.stat().st_size
+    manifest_path(out).write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def unpack(xz: Path, out_dir: Path | None = None) -> Path:
+    """Decompress a packed corpus (next to it by default) and check it against its manifest."""
+    xz = Path(xz)
+    manifest = read_manifest(xz)
+    if manifest is None:
+        raise DataError(f"{xz} has no manifest {manifest_path(xz)}: carry both files")
+    out = (Path(out_dir) if out_dir else xz.parent) / xz.name.removesuffix(".xz")
+    if out.exists() and out.stat().st_size == manifest["bytes"] and read_manifest(out) == manifest:
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")  # jobs may unpack the same file at once
+    try:
+        with lzma.open(xz, "rb") as z, open(tmp, "wb") as f:
+            shutil.copyfileobj(z, f, 1 << 22)
+    except (lzma.LZMAError, EOFError) as exc:
+        tmp.unlink(missing_ok=True)
+        raise DataError(f"{xz} is corrupt or truncated ({exc})") from exc
+    if sha256(tmp) != manifest["sha256"]:
+        tmp.unlink()
+        raise DataError(f"{xz} decompresses to data whose sha256 differs from its manifest")
+    os.replace(tmp, out)
+    if manifest_path(out) != manifest_path(xz):
+        tmp = manifest_path(out).with_name(f"{manifest_path(out).name}.tmp{os.getpid()}")
+        tmp.write_text(json.dumps(manifest, indent=2) + "\n")
+        os.replace(tmp, manifest_path(out))
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# The loader
+
+
+class ByteData:
+    """A memory-mapped byte file with a training region and a held-out validation region."""
+
+    def __init__(self, path: Path | str, val_fraction: float = VAL_FRACTION):
+        path = Path(path)
+        if path.suffix == ".xz":
+            path = unpack(path)
+        if not path.exists():
+            hint = (" Build the default corpus with `elman data`." if path == DEFAULT_DATA
+                    else "")
+            raise DataError(f"data file {path} does not exist.{hint}")
+        if path.stat().st_size == 0:
+            raise DataError(f"data file {path} is empty")
+        self.path = path
+        self.bytes = np.memmap(path, dtype=np.uint8, mode="r")
+        self.manifest = read_manifest(path)
+        if self.manifest is not None:
+            if self.manifest["bytes"] != len(self.bytes):
+                raise DataError(f"{path} has {len(self.bytes)} bytes but its manifest says "
+                                f"{self.manifest['bytes']}: rebuild it or remove the manifest")
+            self.val_start = self.manifest["val"]["offset"]
+        else:
+            self.val_start = len(self.bytes) - max(1, int(len(self.bytes) * val_fraction))
+
+    def __len__(self) -> int:
+        return len(self.bytes)
+
+    def _check(self, size: int, T: int, what: str) -> None:
+        if size < T + 1:
+            raise DataError(f"the {what} region of {self.path} has {size} bytes, fewer than "
+                            f"one window of T+1 = {T + 1}")
+
+    def windows(self, positions: np.ndarray, T: int) -> np.ndarray:
+        """[len(positions), T+1] uint8: the bytes at p .. p+T for every position."""
+        return np.stack([self.bytes[p:p + T + 1] for p in positions])
+
+    def train_positions(self, step: int, batch: int, T: int, seed: int, rank: int = 0) -> np.ndarray:
+        self._check(self.val_start, T, "training")
+        rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(_TRAIN, rank, step)))
+        return rng.integers(0, self.val_start - T, size=batch)
+
+    def batch(self, step: int, batch: int, T: int, seed: int, rank: int = 0) -> np.ndarray:
+        """The training windows of one optimizer step: [batch, T+1] uint8."""
+        return self.windows(self.train_positions(step, batch, T, seed, rank), T)
+
+    def val_positions(self, n: int, T: int, seed: int) -> np.ndarray:
+        size = len(self.bytes) - self.val_start
+        self._check(size, T, "validation")
+        rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(_VAL,)))
+        return self.val_start + np.sort(rng.integers(0, size - T, size=n))
+
+    def val_batches(self, n: int, batch: int, T: int, seed: int) -> list[np.ndarray]:
+        """The fixed validation windows, n of them, in batches."""
+        pos = self.val_positions(n, T, seed)
+        return [self.windows(pos[i:i + batch], T) for i in range(0, n, batch)]
+
+
+class Batches:
+    """Training batches from `start_step` on, prepared by a background thread (pinned
+    memory on CUDA). Iterating yields (step, LongTensor [batch, T+1] on device)."""
+
+    def __init__(self, data: ByteData, batch: int, T: int, seed: int, rank: int = 0,
+                 start_step: int = 0, device: torch.device | str = "cpu", depth: int = 2):
+        self.data, self.batch, self.T, self.seed, self.rank = data, batch, T, seed, rank
+        self.device = torch.device(device)
+        self.queue: queue.Queue = queue.Queue(maxsize=depth)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._fill, args=(start_step,), daemon=True)
+        self.thread.start()
+
+    def _fill(self, step: int) -> None:
+        try:
+            while not self.stop.is_set():
+                x = torch.from_numpy(self.data.batch(step, self.batch, self.T, self.seed, self.rank))
+                if self.device.type == "cuda":
+                    x = x.pin_memory()
+                self._put((step, x))
+                step += 1
+        except BaseException as exc:  # handed to the consumer, which re-raises it
+            self._put(exc)
+
+    def _put(self, item) -> None:
+        while not self.stop.is_set():
+            try:
+                self.queue.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def __iter__(self) -> Iterator[tuple[int, torch.Tensor]]:
+        while True:
+            item = self.queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            step, x = item
+            yield step, x.to(self.device, non_blocking=True).long()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=5)
+
+
+# ---------------------------------------------------------------------------------------
+# `elman data`
+
+
+def _size(text: str) -> float:
+    """'256K', '200M', '1.5G' or a plain number of bytes."""
+    units = {"K": 1e3, "M": 1e6, "G": 1e9}
+    text = text.strip().upper().removesuffix("B")
+    return float(text[:-1]) * units[text[-1]] if text[-1:] in units else float(text)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--deb", type=Path, help=f"a downloaded {PACKAGE} .deb (default: apt-get download)")
+    p.add_argument("--out", type=Path, help="output file (default depends on the action)")
+    p.add_argument("--corpus", type=Path, default=DEFAULT_DATA,
+                   help="the built corpus that --pack and --slice read (default %(default)s)")
+    act = p.add_mutually_exclusive_group()
+    act.add_argument("--pack", type=float, metavar="MB",
+                     help="write an xz subset of about MB megabytes of training text plus the "
+                          "validation split (default out: .cache/data/linux-6.1-<MB>M.txt.xz)")
+    act.add_argument("--unpack", type=Path, metavar="FILE", help="decompress a packed corpus")
+    act.add_argument("--slice", metavar="SIZE",
+                     help=f"write the small test slice, e.g. 256K (default out: {TEST_SLICE.relative_to(ROOT)})")
+    act.add_argument("--info", type=Path, metavar="FILE", help="print a data file's manifest and split")
+
+
+def _ensure_corpus(path: Path, deb: Path | None) -> None:
+    if not path.exists():
+        print(f"{path} is missing: building it first")
+        build(deb, path)
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        if args.pack is not None:
+            _ensure_corpus(args.corpus, args.deb)
+            out = args.out or CACHE / f"{CORPUS_NAME}-{args.pack:g}M.txt.xz"
+            m = pack(args.corpus, out, args.pack)
+            print(f"wrote {out} ({m['xz_bytes'] / 1e6:.1f} MB xz, {m['bytes'] / 1e6:.1f} MB text, "
+                  f"{m['documents']} documents) and {manifest_path(out)}")
+        elif args.unpack is not None:
+            out = unpack(args.unpack, args.out)
+            print(f"unpacked {args.unpack} -> {out}")
+        elif args.slice is not None:
+            _ensure_corpus(args.corpus, args.deb)
+            total = int(_size(args.slice))
+            out = args.out or TEST_SLICE
+            m = subset(args.corpus, out, total - total // 16, total // 16)
+            print(f"wrote {out} ({m['bytes']} bytes, {m['documents']} documents, "
+                  f"validation from byte {m['val']['offset']})")
+        elif args.info is not None:
+            d = ByteData(args.info)
+            print(json.dumps({"path": str(d.path), "bytes": len(d), "val_start": d.val_start,
+                              "manifest": d.manifest}, indent=2))
+        else:
+            out = args.out or DEFAULT_DATA
+            m = build(args.deb, out)
+            print(f"wrote {out}: {m['bytes'] / 1e6:.1f} MB, {m['documents']} documents from "
+                  f"{m['package']} {m['version']}; validation: last {m['val']['documents']} "
+                  f"documents ({m['val']['bytes'] / 1e6:.1f} MB)")
+    except DataError as exc:
+        print(f"elman data: {exc}")
+        return 1
+    return 0

@@ -1,0 +1,107 @@
+"""`elman results`: a table over training runs, read from `train` records (and their logs).
+
+One row per run name in each run folder (the latest record wins, so a resumed run counts
+once): parameters, steps, last-100 loss (mean over the last 100 optimizer steps),
+last-1000, validation loss, tokens/s, peak memory, GPU. Markdown, CSV or JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+from pathlib import Path
+
+from . import records
+
+COLUMNS = ("name", "level", "params", "dim", "depth", "batch", "steps", "last100", "last1000",
+           "val_loss", "tokens_per_s", "peak_memory_mb", "gpu", "run")
+
+
+def rows(recs: list[dict]) -> list[dict]:
+    """Table rows from train records, the latest per (run, name), sorted by last-100."""
+    latest: dict[tuple[str, str], dict] = {}
+    for r in recs:
+        if r["kind"] == "train":
+            latest[(r.get("run", ""), r["params"]["name"])] = r
+    out = []
+    for r in latest.values():
+        p, m = r["params"], r["metrics"]
+        out.append({"name": p["name"], "level": r["variant"], "params": p["n_params"],
+                    "dim": p["dim"], "depth": p["depth"], "batch": p["batch"] * p.get("world_size", 1),
+                    "seq": p.get("seq"),
+                    "steps": m["steps"], "last100": m["last100"], "last1000": m["last1000"],
+                    "val_loss": m["val_loss"], "tokens_per_s": m["tokens_per_s"],
+                    "peak_memory_mb": m["peak_memory_mb"], "gpu": r["env"].get("gpu") or "cpu",
+                    "run": r.get("run", ""), "log": m["log"]})
+    return sorted(out, key=lambda row: (row["last100"] is None, row["last100"] or 0.0))
+
+
+def read_log(runs: Path, row: dict) -> dict[str, list]:
+    """A table row's JSONL log as columns: train lines (step, loss, tokens_per_s, ...) and
+    val lines (step, val_loss); a step logged twice (after a resume) keeps its last line.
+    `runs` is the row's run folder or the folder that holds it."""
+    folder = Path(runs) / row["run"] if (Path(runs) / row["run"]).is_dir() else Path(runs)
+    train, val = {}, {}
+    for line in (folder / row["log"]).read_text().splitlines():
+        e = json.loads(line)
+        if e["kind"] == "train":
+            train[e["step"]] = e
+        elif e["kind"] == "val":
+            val[e["step"]] = e
+    cols: dict[str, list] = {k: [] for k in ("step", "loss", "tokens_per_s", "lr", "grad_norm")}
+    for s in sorted(train):
+        for k in cols:
+            cols[k].append(train[s][k])
+    cols["val_step"] = sorted(val)
+    cols["val_loss"] = [val[s]["val_loss"] for s in sorted(val)]
+    return cols
+
+
+def _fmt(key: str, v) -> str:
+    if v is None:
+        return "-"
+    if key == "params":
+        return f"{v / 1e6:.2f}M"
+    if key in ("last100", "last1000", "val_loss"):
+        return f"{v:.4f}"
+    if key in ("tokens_per_s", "peak_memory_mb"):
+        return f"{v:,.0f}"
+    return str(v)
+
+
+def markdown(table: list[dict], columns: tuple[str, ...] = COLUMNS) -> str:
+    head = "| " + " | ".join(columns) + " |\n|" + "---|" * len(columns) + "\n"
+    return head + "".join("| " + " | ".join(_fmt(c, r[c]) for c in columns) + " |\n" for r in table)
+
+
+def to_csv(table: list[dict], columns: tuple[str, ...] = COLUMNS) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
+    w.writeheader()
+    w.writerows(table)
+    return buf.getvalue()
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("paths", nargs="*", type=Path,
+                   help="run folders or records.jsonl files (default: every run in runs/)")
+    p.add_argument("--format", choices=("md", "csv", "json"), default="md")
+    p.add_argument("--level", action="append", help="only these levels (repeatable)")
+
+
+def main(args: argparse.Namespace) -> int:
+    table = rows(records.read(args.paths or None, kind="train"))
+    if args.level:
+        wanted = {lv.lower() for lv in args.level}
+        table = [r for r in table if r["level"].lower() in wanted]
+    if not table:
+        print("no train records found")
+        return 1
+    if args.format == "json":
+        print(json.dumps(table, indent=2))
+    elif args.format == "csv":
+        print(to_csv(table), end="")
+    else:
+        print(markdown(table), end="")
+    return 0
