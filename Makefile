@@ -14,6 +14,8 @@ venv: $(STAMP)
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -r requirements.txt
+	MAMBA_SKIP_CUDA_BUILD=TRUE MAMBA_FORCE_BUILD=TRUE $(BIN)/python -m pip install \
+		--no-build-isolation --no-deps mamba-ssm==2.3.2.post1
 	$(BIN)/python -m pip install --no-deps -e .
 	touch $@
 

@@ -23,12 +23,15 @@ for req in "${reqs[@]}"; do
     -d "$OUT" "$req"
 done
 
-# --- baselines: the step that builds mamba-ssm as a pure-python wheel goes here ---
-
 # One wheel per listed package, nothing else.
 count=$(find "$OUT" -maxdepth 1 -type f -name '*.whl' | wc -l)
 if [ "$count" -ne "${#reqs[@]}" ]; then
   echo "fetch_wheels: $count wheels in $OUT for ${#reqs[@]} listed packages" >&2
   exit 1
 fi
+
+# Baselines: mamba-ssm as a pure-python wheel (no binary wheel exists) and
+# flash-linear-attention 0.6.0 with fla-core.
+PYTHON=${VENV_PYTHON:-.venv/bin/python} bash "$(dirname "$0")/build_baseline_wheels.sh"
+count=$(find "$OUT" -maxdepth 1 -type f -name '*.whl' | wc -l)
 echo "fetch_wheels: $count wheels, $(du -sh "$OUT" | cut -f1) in $OUT"

@@ -1,0 +1,219 @@
+"""What the Baselines chapter shows, computed here so that the chapter stays thin: library
+versions, parameter counts, the GDN verification, parity and layer benchmark tables and
+the plot, all read from `runs/` records."""
+from __future__ import annotations
+
+import html
+import importlib.metadata as md
+import json
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .. import records, registry
+
+LEVELS = ("E1", "mamba2", "fla-gdn", "gru", "lstm", "llama")
+PACKAGES = ("torch", "triton", "mamba-ssm", "flash-linear-attention", "fla-core", "transformers")
+VERIFY_FILE = "verify_gdn.json"
+
+
+def versions() -> dict[str, str]:
+    """Installed versions of the packages the baselines run on (and the GPU, if any)."""
+    out = {}
+    for name in PACKAGES:
+        try:
+            out[name] = md.version(name)
+        except md.PackageNotFoundError:
+            out[name] = "not installed"
+    out["gpu"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
+    return out
+
+
+def _fmt(v) -> str:
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    return "" if v is None else str(v)
+
+
+def markdown(rows: list[dict], columns: list[str] | None = None) -> str:
+    """A markdown table of dict rows (columns: the first row's keys unless given)."""
+    if not rows:
+        return ""
+    cols = columns or list(rows[0])
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+class Table:
+    """Rows shown as a table: HTML in notebooks and the book, markdown as text."""
+
+    def __init__(self, rows: list[dict], columns: list[str] | None = None):
+        self.rows, self.columns = rows, columns or (list(rows[0]) if rows else [])
+
+    def _repr_html_(self) -> str:
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in self.columns)
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(r.get(c)))}</td>" for c in self.columns)
+                       + "</tr>" for r in self.rows)
+        return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+    def __str__(self) -> str:
+        return markdown(self.rows, self.columns)
+
+    _repr_markdown_ = __str__
+
+
+def param_rows(dims=(512, 1024, 2048), expansion: float = 1.0, count: bool = True) -> list[dict]:
+    """Parameters of one layer of each level: the formula and, with `count`, the layer
+    built on the meta device (nothing allocated)."""
+    rows = []
+    for name in LEVELS:
+        e = registry.get(name)
+        for d in dims:
+            row = {"level": e.name, "dim": d, "expansion": expansion,
+                   "formula": e.layer_params(d, expansion)}
+            if count:
+                with torch.device("meta"):
+                    layer = e.layer(d, expansion=expansion, backend="reference")
+                row["instantiated"] = sum(p.numel() for p in layer.parameters())
+            rows.append(row)
+    return rows
+
+
+def kernel_names(fn: Callable[[], None]) -> list[str]:
+    """The CUDA kernels fn() launches (torch.profiler), e.g. to show which cuDNN algorithm ran."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sorted({e.key for e in prof.key_averages()
+                   if e.device_type == torch.autograd.DeviceType.CUDA})
+
+
+# ---- records ------------------------------------------------------------------------------
+def layer_benchmarks(recs: list[dict]) -> list[dict]:
+    """Layer benchmark rows of E1 and the baselines from the one run that has the most
+    baselines (numbers are compared within a run only)."""
+    recs = [r for r in recs if r["kind"] == "bench" and r["params"].get("measure") == "layer"
+            and r["variant"] in LEVELS]
+    if not recs:
+        return []
+    runs: dict[str, set] = {}
+    for r in recs:
+        runs.setdefault(r["run"], set()).add(r["variant"])
+    best = max(runs, key=lambda run: (len(runs[run] - {"E1"}), "E1" in runs[run], run))
+    rows = []
+    for r in recs:
+        if r["run"] != best:
+            continue
+        p, m = r["params"], r["metrics"]
+        rows.append({"level": r["variant"], "impl": r["impl"], "dtype": p["dtype"], "B": p["B"],
+                     "T": p["T"], "D": p["D"], "params": p.get("layer_params"),
+                     "fwd_ms": m["fwd_ms"]["median"], "fwdbwd_ms": m["fwdbwd_ms"]["median"],
+                     "tokens_per_s": m["tokens_per_s"], "peak_mem_mb": m["peak_mem_mb"],
+                     "gpu": r["env"].get("gpu"), "run": r["run"]})
+    order = {n: i for i, n in enumerate(LEVELS)}
+    return sorted(rows, key=lambda r: (r["D"], r["B"], order[r["level"]], r["dtype"]))
+
+
+def with_ratio_to_e1(rows: list[dict]) -> list[dict]:
+    """Adds `vs_E1`: tokens/s relative to E1 at the same (B, T, D) of the same run."""
+    e1 = {(r["B"], r["T"], r["D"]): r["tokens_per_s"] for r in rows if r["level"] == "E1"}
+    return [{**r, "vs_E1": r["tokens_per_s"] / e1[(r["B"], r["T"], r["D"])]
+             if (r["B"], r["T"], r["D"]) in e1 else None} for r in rows]
+
+
+def plot_layers(rows: list[dict]):
+    """Tokens/s (forward + backward) against D, one panel per batch size, one line per level
+    and dtype."""
+    import matplotlib.pyplot as plt
+
+    batches = sorted({r["B"] for r in rows})
+    fig, axes = plt.subplots(1, len(batches), figsize=(4.5 * len(batches), 3.6), squeeze=False)
+    for ax, B in zip(axes[0], batches):
+        lines: dict[str, list] = {}
+        for r in rows:
+            if r["B"] == B:
+                lines.setdefault(f"{r['level']} ({r['dtype']})", []).append((r["D"], r["tokens_per_s"]))
+        for label, pts in lines.items():
+            pts.sort()
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+        ax.set(xscale="log", yscale="log", xlabel="D (model width)", title=f"B = {B}, T = {rows[0]['T']}")
+        ax.xaxis.set_minor_locator(plt.NullLocator())
+        ax.set_xticks(sorted({r["D"] for r in rows}), [str(d) for d in sorted({r["D"] for r in rows})])
+    axes[0][0].set_ylabel("tokens/s, one layer fwd+bwd")
+    axes[0][-1].legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    return fig
+
+
+def parity_rows(recs: list[dict]) -> list[dict]:
+    """Parity records of the baselines (latest run first), as the parity table shows them."""
+    names = {e.name for e in registry.baselines()}
+    return sorted((r for r in recs if r["kind"] == "parity" and r["variant"] in names),
+                  key=lambda r: (r["run"], r["variant"]), reverse=True)
+
+
+def parity_summary(recs: list[dict]) -> list[dict]:
+    """One row per parity record: the worst forward and gradient errors and the verdict."""
+    return [{"level": r["variant"], "impl": r["impl"], "dtype": r["params"]["dtype"],
+             "T": r["params"]["T"], "B": r["params"]["B"], "D": r["params"]["D"],
+             "max fwd err": f"{r['metrics']['max_fwd']:.2e}", "max grad err": f"{r['metrics']['max_bwd']:.2e}",
+             "tolerance": f"{r['metrics']['tol_fwd']:.0e} / {r['metrics']['tol_bwd']:.0e}",
+             "result": "pass" if r["metrics"]["passed"] else "FAIL", "run": r["run"]} for r in recs]
+
+
+def verify_rows(run_dirs: list[Path]) -> list[dict]:
+    """The rows scripts/verify_gdn.py saved (every mode it ran), newest run first."""
+    rows = []
+    for d in sorted(run_dirs, reverse=True):
+        f = Path(d) / VERIFY_FILE
+        if f.is_file():
+            data = json.loads(f.read_text())
+            rows += [{**r, "run": Path(d).name, "gpu": data["env"].get("gpu")} for r in data["rows"]]
+    return rows
+
+
+def verify_summary(rows: list[dict]) -> list[dict]:
+    """One line per (mode, dtype, shape): the worst forward and gradient errors, or why the
+    path was refused."""
+    out = []
+    for r in rows:
+        worst = ""
+        if "errors" in r:
+            name, err = max(((k, v) for k, v in r["errors"].items() if k.startswith("grad:")),
+                            key=lambda kv: kv[1], default=("", 0.0))
+            worst = f"{name} {err:.2e}"
+        if r["passed"]:
+            result = "pass"
+        elif "refused" in r:
+            result = "refused: " + r["refused"]
+        else:
+            result = "FAIL" + (": " + r["error"] if "error" in r else "")
+        out.append({"mode": r["mode"], "dqkwg": r["path"], "dtype": r["dtype"], "T": r["T"],
+                    "B": r["B"], "D": r["D"], "heads": r["heads"],
+                    "max fwd err": f"{r['max_fwd']:.2e}" if "max_fwd" in r else "",
+                    "max grad err": f"{r['max_bwd']:.2e}" if "max_bwd" in r else "",
+                    "worst gradient": worst, "result": result})
+    return out
+
+
+def verify_table(rows: list[dict]) -> str:
+    return markdown(verify_summary(rows))
+
+
+def run_dirs(runs_dir: Path | str | None = None) -> list[Path]:
+    """The run folders under `runs_dir` (default runs/), or `runs_dir` itself when it is one
+    run (it holds records.jsonl or verify_gdn.json)."""
+    root = Path(runs_dir) if runs_dir else records.RUNS
+    if not root.is_dir():
+        return []
+    if (root / "records.jsonl").is_file() or (root / VERIFY_FILE).is_file():
+        return [root]
+    return sorted(p for p in root.iterdir() if p.is_dir())
