@@ -52,8 +52,12 @@ setup() {
   python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
 }
 build() { python3 -c "from elman import ops; ops.load(verbose=False)"; }
-# The variants' parity is the parity stage's job (it records); the tests check everything else.
-gpu_tests() { python3 -m pytest -q -m gpu tests -p no:cacheprovider -k "not test_variant_parity"; }
+# Parity of every registered level is the parity stage's job (it records) and the GDN check
+# the gdn stage's; the GPU tests check everything else.
+gpu_tests() {
+  python3 -m pytest -q -m gpu tests -p no:cacheprovider \
+    -k "not test_variant_parity and not test_baseline_parity and not test_gdn_verification_passes"
+}
 parity_stage() { python3 -m elman parity; }
 bench_stage() { python3 -m elman bench --primitives ${QUICK:+--quick}; }
 gdn_stage() { python3 scripts/verify_gdn.py; }

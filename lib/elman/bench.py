@@ -240,7 +240,7 @@ def layer_record(entry: registry.Entry, B: int, D: int, T: int = T_DEFAULT, reps
     ran = impl or ("cuda:" + dense.last_path.get("forward", "?") if entry.kind == "variant"
                    else f"{entry.name}:{dtype}")
     return records.make("bench", entry.name, ran,
-                        {"measure": "layer", "B": B, "T": T, "D": D, "dtype": dtype,
+                        {"measure": "layer", "B": B, "T": T, "D": D, "dtype": dtype, "expansion": 1.0,
                          "layer_params": params, **options},
                         {"fwd_ms": tf, "fwdbwd_ms": tfb,
                          "tokens_per_s": B * T / (tfb["median"] / 1000), "peak_mem_mb": peak})
@@ -358,17 +358,20 @@ def main(args) -> int:
     if not args.no_layers:
         entries = [registry.get(l) for l in args.levels] if args.levels else registry.entries()
         for e in tqdm(entries, desc="layers"):
-            status = ensure_parity(e) if e.parity is not None else {}
-            if e.parity is not None and (not status or not all(status.values())):
-                print(f"bench: skipping {e.name}: parity did not pass in this run ({status})")
-                continue
             for dt in [d for d in e.dtypes if d != "float32"] or ["bfloat16"]:
+                status = ensure_parity(e, dt) if e.parity is not None else {}
+                if e.parity is not None and (not status or not all(status.values())):
+                    print(f"bench: skipping {e.name} {dt}: parity did not pass in this run ({status})")
+                    continue
                 for B, D in shapes:
                     try:
                         new = layer_record(e, B, D, args.T, max(5, reps // 2), dt, args.quick)
                     except torch.cuda.OutOfMemoryError:
                         torch.cuda.empty_cache()
                         print(f"bench: {e.name} B={B} D={D} {dt}: out of memory, not recorded")
+                        continue
+                    except RuntimeError as exc:  # a library that refuses a size: say so, go on
+                        print(f"bench: {e.name} B={B} D={D} {dt}: {exc}".splitlines()[0])
                         continue
                     records.write(new)
                     recs.append(new)
