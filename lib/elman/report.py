@@ -135,8 +135,15 @@ def layer_table(recs: list[dict], variants: tuple[str, ...] | None = None) -> st
     return "\n".join(lines)
 
 
+PRIMITIVE_ORDER = ("launch_from_stream_us", "kernel_in_graph_us", "cublas_gemm_4x512x512_in_graph_us",
+                   "grid_sync_cg_us", "grid_barrier_atomic_us", "l2_flag_one_way_us",
+                   "cluster_barrier_2_us", "cluster_barrier_8_us", "cluster_barrier_16_us",
+                   "dsmem_one_way_us")
+
+
 def primitive_table(recs: list[dict]) -> str:
-    rows = [r for r in recs if r["params"].get("measure") == "primitive"]
+    rows = sorted((r for r in recs if r["params"].get("measure") == "primitive"),
+                  key=lambda r: PRIMITIVE_ORDER.index(r["impl"]) if r["impl"] in PRIMITIVE_ORDER else 99)
     lines = ["| primitive | cost (us) |", "|---|---|"]
     lines += [f"| {r['impl'].removesuffix('_us').replace('_', ' ')} | {r['metrics']['us']:.3f} |" for r in rows]
     return "\n".join(lines)
