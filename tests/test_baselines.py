@@ -24,14 +24,6 @@ NAMES = ("mamba2", "fla-gdn", "gru", "lstm", "llama")
 F64 = torch.float64
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def entry(name):
     return registry.get(name)
 

@@ -13,14 +13,6 @@ gpu = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def tiny(level="E1", **kw):
     torch.manual_seed(0)
     return LadderLM(level, dim=24, depth=2, backend="reference", **kw)

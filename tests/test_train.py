@@ -24,14 +24,6 @@ TINY = ["--level", "E1", "--dim", "32", "--depth", "2", "--batch", "8", "--seq",
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def cfg(*flags: str) -> dict:
     p = argparse.ArgumentParser()
     train.add_arguments(p)
