@@ -47,10 +47,14 @@ void check_epilogue(int64_t epilogue) {
   TORCH_CHECK(epilogue == elman::kTanhSiluGate, "unknown dense epilogue id ", epilogue);
 }
 
-void check_persistent(int64_t B, int64_t D, at::ScalarType dt, bool backward) {
-  TORCH_CHECK(dt == at::kBFloat16, "the persistent kernel is bf16 only; float32 takes path='steps'");
+// The staging buffer of the persistent kernel's state exchange, after checking it takes
+// the size.
+at::Tensor persistent_xchg(const at::Tensor& like, int64_t B, int64_t D, bool backward) {
+  TORCH_CHECK(like.scalar_type() == at::kBFloat16,
+              "the persistent kernel is bf16 only; float32 takes path='steps'");
   const auto plan = elman::dense_persistent_plan(int(B), int(D), backward);
   TORCH_CHECK(plan.ok, "the persistent kernel does not take B=", B, ", D=", D, ": ", plan.reason);
+  return at::empty({int64_t(plan.xchg_bytes)}, like.options().dtype(at::kByte));
 }
 
 void dense_forward(const at::Tensor& wx, const at::Tensor& z, const at::Tensor& w_h,
@@ -66,7 +70,7 @@ void dense_forward(const at::Tensor& wx, const at::Tensor& z, const at::Tensor& 
   check(out, "out", {T, B, D});
   check(h_all, "h_all", {T + 1, B, D});
   check_epilogue(epilogue);
-  if (persistent) check_persistent(B, D, wx.scalar_type(), false);
+  const at::Tensor xchg = persistent ? persistent_xchg(wx, B, D, false) : at::Tensor();
   long long* trace_ptr = nullptr;
   if (trace.has_value()) {
     TORCH_CHECK(persistent, "a trace is recorded by the persistent kernel only");
@@ -79,7 +83,7 @@ void dense_forward(const at::Tensor& wx, const at::Tensor& z, const at::Tensor& 
     check_cuda(elman::dense_persistent_forward(stream, int(epilogue), int(T), int(B), int(D),
                                                wx.data_ptr(), z.data_ptr(), w_h.data_ptr(),
                                                b.data_ptr(), h0.data_ptr(), out.data_ptr(),
-                                               h_all.data_ptr(), trace_ptr),
+                                               h_all.data_ptr(), xchg.data_ptr(), trace_ptr),
                "dense persistent forward");
     return;
   }
@@ -117,14 +121,14 @@ void dense_backward(const at::Tensor& w_h, const at::Tensor& h_all, const at::Te
   check(dz, "dz", {T, B, D});
   check(dh0, "dh0", {B, D});
   check_epilogue(epilogue);
-  if (persistent) check_persistent(B, D, z.scalar_type(), true);
+  const at::Tensor xchg = persistent ? persistent_xchg(z, B, D, true) : at::Tensor();
   const c10::cuda::CUDAGuard guard(z.device());
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   if (persistent) {
     check_cuda(elman::dense_persistent_backward(stream, int(epilogue), int(T), int(B), int(D),
                                                 w_h.data_ptr(), h_all.data_ptr(), z.data_ptr(),
                                                 d_out.data_ptr(), d_hT.data_ptr(), dv.data_ptr(),
-                                                dz.data_ptr(), dh0.data_ptr()),
+                                                dz.data_ptr(), dh0.data_ptr(), xchg.data_ptr()),
                "dense persistent backward");
     return;
   }
@@ -209,4 +213,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dsmem_pingpong", [](int64_t iters) {
     check_cuda(elman::launch_dsmem_pingpong(current_stream(), int(iters)), "DSMEM ping-pong");
   });
+  m.def("allgather", [](int64_t method, int64_t cluster, int64_t slice, int64_t iters,
+                        const at::Tensor& scratch) {
+    TORCH_CHECK(scratch.is_cuda() && scratch.is_contiguous() &&
+                    scratch.nbytes() >= size_t(2 * cluster * slice),
+                "scratch must be a contiguous CUDA tensor of at least 2 * cluster * slice bytes");
+    check_cuda(elman::launch_allgather(current_stream(), int(method), int(cluster), int(slice),
+                                       int(iters), scratch.data_ptr()),
+               "all-gather");
+  }, py::arg("method"), py::arg("cluster"), py::arg("slice"), py::arg("iters"), py::arg("scratch"));
 }

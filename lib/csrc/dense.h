@@ -54,21 +54,23 @@ struct PersistentPlan {
   int bc = 0;          // batch columns per cluster (8 or 16)
   int smem = 0;        // dynamic shared memory per CTA, bytes
   int max_active = 0;  // clusters of this shape the GPU can hold at once
+  size_t xchg_bytes = 0;  // global staging of the state exchange (the launcher's `xchg`)
 };
 
 PersistentPlan dense_persistent_plan(int batch, int dim, bool backward);
 
+// `xchg`: plan.xchg_bytes of device memory (contents need no initialisation).
 // `trace` (may be null): int64 [steps * 6 + 4]; CTA 0 records clock64 at six phase
 // boundaries of every step, then clock64 and %globaltimer at kernel start and end.
 cudaError_t dense_persistent_forward(cudaStream_t stream, int epilogue, int steps, int batch,
                                      int dim, const void* wx, const void* z, const void* w_h,
                                      const void* b, const void* h0, void* out, void* h_all,
-                                     long long* trace = nullptr);
+                                     void* xchg, long long* trace = nullptr);
 
 cudaError_t dense_persistent_backward(cudaStream_t stream, int epilogue, int steps, int batch,
                                       int dim, const void* w_h, const void* h_all,
                                       const void* z, const void* d_out, const void* d_hT,
-                                      void* dv, void* dz, void* dh0);
+                                      void* dv, void* dz, void* dh0, void* xchg);
 
 // ---- primitives measured for the "Kernel engineering" chapter ------------------------
 cudaError_t launch_empty(cudaStream_t stream);
@@ -76,5 +78,10 @@ cudaError_t launch_grid_sync(cudaStream_t stream, int iters, bool use_cg, unsign
 cudaError_t launch_flag_pingpong(cudaStream_t stream, int iters, unsigned* flags);
 cudaError_t launch_cluster_sync(cudaStream_t stream, int cluster, int iters);
 cudaError_t launch_dsmem_pingpong(cudaStream_t stream, int iters);
+// One cluster of `cluster` CTAs exchanging `slice`-byte blocks all-to-all `iters` times;
+// method 0 st.async, 1 bulk copy shared-to-peer, 2 multicast bulk copy from global
+// (`scratch`: 2 * cluster * slice bytes of global memory).
+cudaError_t launch_allgather(cudaStream_t stream, int method, int cluster, int slice, int iters,
+                             void* scratch);
 
 }  // namespace elman

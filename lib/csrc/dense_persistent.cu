@@ -5,23 +5,29 @@
 // 2 x 8 grid, warp (m, k) holding rows [32 m, 32 m + 32) of the slice for one eighth of the
 // columns as mma.sync A fragments. Each cluster
 // owns `bc` (8 or 16) batch columns; clusters never talk to each other. Per step a CTA
-//   1. waits until the previous state (all D rows, bf16) has arrived in its shared memory;
-//   2. multiplies its rows by it with mma.m16n8k16 (fp32 accumulate), one partial per warp;
-//   3. sums the 8 partials of each row and applies the epilogue (bias, tanh, gate; or in backward the
-//      gate and tanh gradients), writing outputs to global memory;
-//   4. sends its 64-row slice of the new state to every CTA of the cluster with st.async
-//      (16-byte distributed-shared-memory stores that count their bytes on the receiver's
-//      mbarrier), into the other half of a double buffer.
-// No cluster-wide barrier runs per step: a receiver knows a state is complete when its own
-// mbarrier has counted all its bytes. The double buffer is safe: a CTA sends state s + 2
-// into the buffer that held state s only after it received state s + 1 from every CTA,
-// and each CTA sends s + 1 only after it finished reading s.
+//   1. multiplies its rows by the previous state (all D rows, bf16, in shared memory) with
+//      mma.m16n8k16 (fp32 accumulate), one partial per warp; before each k-step a warp waits
+//      only for the slice of the CTA that owns those columns (one mbarrier per source CTA),
+//      so early slices are multiplied while later ones are still arriving;
+//   2. sums the 8 partials of each row and applies the epilogue (bias, tanh, gate; or in
+//      backward the gate and tanh gradients), writing outputs to global memory and its
+//      64-row slice of the new state to a global staging slot;
+//   3. publishes the slice: one thread issues a bulk copy that multicasts the slot from L2
+//      into the other half of the state double buffer of every CTA of the cluster, counted
+//      in bytes on each receiver's mbarrier of this source. (Measured: this all-gather costs
+//      about half of st.async stores into every peer, because the slice leaves the SM once.)
+// No cluster-wide barrier runs per step. The double buffer is safe: a CTA publishes state
+// s + 2 into the buffer that held state s only after it received state s + 1 from every
+// CTA, and each CTA publishes s + 1 only after it finished reading s. A state buffer is
+// laid out [source CTA][batch column][64 + 8 padding], so that each source's slice is one
+// contiguous block and the mma B-fragment loads hit 32 distinct banks.
 // Per-step inputs (W_x x and z, or d_out, h and z) are staged one step ahead with cp.async.
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include <cstdint>
 
+#include "cluster.cuh"
 #include "dense.h"
 #include "dense_cell.cuh"
 
@@ -33,7 +39,8 @@ namespace {
 constexpr int kRows = 64;                 // rows of W_h per CTA (4 mma m-tiles)
 constexpr int kWarps = 16;
 constexpr int kThreads = kWarps * 32;
-constexpr int kPad = 8;                   // bf16 padding per state row (bank spread)
+constexpr int kSrcRow = kRows + 8;        // bf16 per (source, batch column) row of a state
+                                          // buffer: 64 values and 8 of padding (bank spread)
 constexpr int kKGroups = 8;               // warps splitting the columns
 constexpr int kMTiles = 2;                // 16-row mma tiles per warp (2 x 16 = half the rows)
 constexpr int kRedStride = kRows + 4;     // floats per (k-group, batch) row of partial sums
@@ -52,6 +59,7 @@ struct Args {
   __nv_bfloat16* dv;                      // backward: [T][B][D]
   __nv_bfloat16* dz;                      // backward: [T][B][D]
   __nv_bfloat16* dh0;                     // backward: [B][D]
+  __nv_bfloat16* xchg;                    // [clusters][ranks][2][bc][kSrcRow]: published slices
   long long* trace;                       // optional: per-step phase clocks of CTA 0
 };
 
@@ -79,9 +87,6 @@ __device__ __forceinline__ void stamp(const Args& p, int slot) {
   }
 }
 // ---- PTX helpers ------------------------------------------------------------------------
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return uint32_t(__cvta_generic_to_shared(p));
-}
 __device__ __forceinline__ uint32_t pack(__nv_bfloat16 lo, __nv_bfloat16 hi) {
   return uint32_t(__bfloat16_as_ushort(lo)) | (uint32_t(__bfloat16_as_ushort(hi)) << 16);
 }
@@ -93,35 +98,6 @@ __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint3
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-__device__ __forceinline__ uint32_t map_to_rank(uint32_t addr, uint32_t rank) {
-  uint32_t r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
-  return r;
-}
-__device__ __forceinline__ void mbar_init(uint64_t* bar) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(bar)));
-}
-__device__ __forceinline__ void mbar_expect(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)),
-               "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n .reg .pred done;\n WAIT_%=:\n"
-      " mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      " @!done bra WAIT_%=;\n}\n" ::"r"(smem_u32(bar)),
-      "r"(parity)
-      : "memory");
-}
-// 16 bytes into another CTA's shared memory, counted on that CTA's mbarrier.
-__device__ __forceinline__ void st_async(uint32_t remote, uint4 v, uint32_t remote_bar) {
-  asm volatile(
-      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, "
-      "[%5];\n" ::"r"(remote),
-      "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(remote_bar)
-      : "memory");
-}
 
 // ---- the per-CTA machinery shared by forward and backward ---------------------------------
 // KS = D / 256; NT = bc / 8 mma n-tiles; kIn staged input tensors.
@@ -129,23 +105,24 @@ template <int KS, int NT, int kIn>
 struct Cta {
   static constexpr int kBc = NT * 8;
   static constexpr int kDim = KS * 256;
+  static constexpr int kRanks = kDim / kRows;                  // CTAs of the cluster
   static constexpr int kSteps = kDim / kKGroups / 16;          // mma k-steps per warp
-  static constexpr int kRowElems = kDim + kPad;
-  static constexpr int kStateElems = kBc * kRowElems;         // one state buffer
+  static constexpr int kBlock = kBc * kSrcRow;                // one source's slice in a buffer
+  static constexpr int kStateElems = kRanks * kBlock;         // one state buffer
   static constexpr int kSlice = kBc * kRows;                   // one CTA's slice, elements
+  static constexpr uint32_t kBlockBytes = kBlock * 2;
   static constexpr int kPerThread = kSlice / kThreads;         // outputs per thread (= NT)
   static constexpr int kChunks = kSlice / 8;                   // 16-byte chunks per slice
 
-  // Shared memory: state[2] | red | stage[2][kIn] | slice | mbar[2]
+  // Shared memory: state[2][source][n][kSrcRow] | red | stage[2][kIn] | mbar[2][source]
   static constexpr int kRedOffset = 2 * kStateElems * 2;
   static constexpr int kStageOffset = kRedOffset + kKGroups * kBc * kRedStride * 4;
-  static constexpr int kSliceOffset = kStageOffset + 2 * kIn * kSlice * 2;
-  static constexpr int kBarOffset = kSliceOffset + kSlice * 2;
-  static constexpr int kSmem = kBarOffset + 2 * 8;
+  static constexpr int kBarOffset = kStageOffset + 2 * kIn * kSlice * 2;
+  static constexpr int kSmem = kBarOffset + 2 * kRanks * 8;
 
   // Shared memory is addressed from one base, so the layout costs no registers.
   unsigned char* base;
-  int ranks, row0, n0;
+  int rank, row0, n0;
   uint32_t a[kMTiles][kSteps][4];  // A fragments: [m-tile][k-step][reg]
 
   __device__ __nv_bfloat16* state() const { return reinterpret_cast<__nv_bfloat16*>(base); }
@@ -153,27 +130,25 @@ struct Cta {
   __device__ __nv_bfloat16* stage() const {
     return reinterpret_cast<__nv_bfloat16*>(base + kStageOffset);
   }
-  __device__ __nv_bfloat16* slice() const {
-    return reinterpret_cast<__nv_bfloat16*>(base + kSliceOffset);
-  }
   __device__ uint64_t* bar() const { return reinterpret_cast<uint64_t*>(base + kBarOffset); }
   __device__ static int lane() { return int(threadIdx.x) & 31; }
   __device__ static int kgroup() { return (int(threadIdx.x) >> 5) % kKGroups; }
   __device__ static int mrow0() { return (int(threadIdx.x) >> 5) / kKGroups * kMTiles * 16; }
 
   __device__ Cta(unsigned char* smem, const cg::cluster_group& cluster) : base(smem) {
-    ranks = int(cluster.num_blocks());
-    row0 = int(cluster.block_rank()) * kRows;
-    n0 = int(blockIdx.x) / ranks * kBc;
-    if (threadIdx.x == 0) {
-      mbar_init(&bar()[0]);
-      mbar_init(&bar()[1]);
-      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
+    rank = int(cluster.block_rank());
+    row0 = rank * kRows;
+    n0 = int(blockIdx.x) / kRanks * kBc;
+    if (int(threadIdx.x) < 2 * kRanks) mbar_init(&bar()[threadIdx.x]);
+    if (threadIdx.x == 0) mbar_init_fence();
   }
 
   __device__ __nv_bfloat16* buffer(int i) const { return state() + (i & 1) * kStateElems; }
   __device__ const __nv_bfloat16* inputs(int i) const { return stage() + (i & 1) * kIn * kSlice; }
+  // Element k of batch column n of buffer i (the layout the exchange writes).
+  __device__ __nv_bfloat16* at(int i, int n, int k) const {
+    return buffer(i) + (k / kRows) * kBlock + n * kSrcRow + k % kRows;
+  }
 
   // This warp's A fragments of rows [row0, row0 + 64) of W (transposed: of W^T).
   __device__ void load_weights(const __nv_bfloat16* w, bool transposed) {
@@ -218,9 +193,24 @@ struct Cta {
   }
   __device__ static void wait_inputs() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
 
+  // The receiver side of exchange number e (into buffer e + 1): one mbarrier per source
+  // CTA, each expecting one slice.
+  __device__ void expect(int e) {
+    if (int(threadIdx.x) < kRanks)
+      mbar_expect(&bar()[((e + 1) & 1) * kRanks + threadIdx.x], kBlockBytes);
+  }
+  // Wait until source CTA `src`'s slice of exchange e has arrived.
+  __device__ void wait_source(int e, int src) const {
+    mbar_wait(&bar()[((e + 1) & 1) * kRanks + src], (e >> 1) & 1);
+  }
+
   // Partial products of this warp's rows and columns with state buffer i, into
-  // red[k-group][n][row].
-  __device__ void multiply(int i) {
+  // red[k-group][n][row]. With `e` >= 0 the buffer is being filled by exchange e: before
+  // each k-step the warp waits for the slice of the CTA that owns those columns, so the
+  // multiply of early slices overlaps the arrival of later ones. `first` runs after the
+  // first wait.
+  template <class First>
+  __device__ void multiply(int i, int e, First first) {
     const __nv_bfloat16* src = buffer(i);
     const int g = lane() >> 2, q = lane() & 3;
     const int k0 = kgroup() * (kDim / kKGroups);
@@ -232,15 +222,22 @@ struct Cta {
 #pragma unroll
         for (int r = 0; r < 4; ++r) acc[mt][nt][r] = 0.f;
 #pragma unroll
-    for (int s = 0; s < kSteps; ++s)
+    for (int s = 0; s < kSteps; ++s) {
+      const int col = k0 + s * 16;
+      if (e >= 0 && (s == 0 || col % kRows == 0)) {
+        wait_source(e, col / kRows);
+        if (s == 0) first();
+      }
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
-        const __nv_bfloat16* row = src + (nt * 8 + g) * kRowElems + k0 + s * 16 + 2 * q;
+        const __nv_bfloat16* row = src + (col / kRows) * kBlock + (nt * 8 + g) * kSrcRow +
+                                   col % kRows + 2 * q;
         const uint32_t b0 = *reinterpret_cast<const uint32_t*>(row);
         const uint32_t b1 = *reinterpret_cast<const uint32_t*>(row + 8);
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) mma(acc[mt][nt], a[mt][s], b0, b1);
       }
+    }
     float* mine = red() + kgroup() * kBc * kRedStride;
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
@@ -262,25 +259,25 @@ struct Cta {
     return s;
   }
 
-  // The receiver side of one state exchange into buffer i: expect the bytes of a whole state.
-  __device__ void expect(int i) {
-    if (threadIdx.x == 0) mbar_expect(&bar()[i & 1], kBc * kDim * 2);
-  }
-  // Wait for the exchange number `s` (0, 1, 2, ...) into buffer s + 1.
-  __device__ void wait_state(int s) const { mbar_wait(&bar()[(s + 1) & 1], (s >> 1) & 1); }
+  // Output k of this thread (j = tid + 512 k): batch column n = j / 64, row r = j % 64. A
+  // warp holds rows [r0, r0 + 32) of one column, as lanes.
+  __device__ static int out_n(int k) { return (int(threadIdx.x) + k * kThreads) / kRows; }
+  __device__ static int out_r(int k) { return (int(threadIdx.x) + k * kThreads) % kRows; }
 
-  // Send this CTA's slice (gathered in `slice`) into buffer i of every CTA of the cluster.
-  __device__ void send(int i) {
-    __syncthreads();  // the slice is complete
-    const uint32_t local = smem_u32(buffer(i));
-    const uint32_t bar_local = smem_u32(&bar()[i & 1]);
-    for (int c = threadIdx.x; c < ranks * kChunks; c += kThreads) {
-      const int peer = c / kChunks, chunk = c % kChunks;
-      const int n = chunk / (kRows / 8), r = (chunk % (kRows / 8)) * 8;
-      const uint4 v = *reinterpret_cast<const uint4*>(slice() + n * kRows + r);
-      const uint32_t dst = local + uint32_t((n * kRowElems + row0 + r) * 2);
-      st_async(map_to_rank(dst, peer), v, map_to_rank(bar_local, peer));
-    }
+  // This CTA's slot for exchange e in the global staging buffer: [bc][kSrcRow].
+  __device__ __nv_bfloat16* slot(const Args& p, int e) const {
+    return p.xchg + ((size_t(blockIdx.x) * 2 + ((e + 1) & 1)) * kBlock);
+  }
+  // Exchange e: the slice is in this CTA's slot (written by every thread, each followed by
+  // fence_async_global); one bulk copy multicasts it from global memory (L2) into the
+  // same place of buffer e + 1 of every CTA of the cluster, counted on each receiver's
+  // mbarrier of this source. Measured faster than st.async into every peer
+  // (primitive allgather_*), because the slice leaves the SM once.
+  __device__ void publish(const Args& p, int e) const {
+    __syncthreads();
+    if (threadIdx.x == 0)
+      bulk_multicast(buffer(e + 1) + rank * kBlock, slot(p, e), kBlockBytes,
+                     &bar()[((e + 1) & 1) * kRanks + rank], uint16_t((1u << kRanks) - 1));
   }
 };
 
@@ -297,15 +294,14 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(Args p) {
   cta.load_weights(p.w, false);
   for (int i = threadIdx.x; i < C::kBc * C::kDim; i += kThreads) {
     const int n = i / C::kDim, k = i % C::kDim;
-    cta.buffer(0)[n * C::kRowElems + k] =
+    *cta.at(0, n, k) =
         cta.n0 + n < p.batch ? p.h0[size_t(cta.n0 + n) * C::kDim + k] : __float2bfloat16_rn(0.f);
   }
-  // This thread finishes outputs (n, r) = (j / 64, j % 64) for j = tid + 512 i.
   float bias[C::kPerThread];
 #pragma unroll
-  for (int i = 0; i < C::kPerThread; ++i) {
-    const int j = threadIdx.x + i * kThreads, n = j / kRows, r = j % kRows;
-    bias[i] = to_float(p.b[cta.row0 + r]);
+  for (int k = 0; k < C::kPerThread; ++k) {
+    const int n = C::out_n(k), r = C::out_r(k);
+    bias[k] = to_float(p.b[cta.row0 + r]);
     const size_t off = size_t(cta.n0 + n) * C::kDim + cta.row0 + r;
     if (cta.n0 + n < p.batch) p.h_all[off] = p.h0[off];
   }
@@ -314,31 +310,32 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(Args p) {
   for (int t = 0; t < p.steps; ++t) {
     const bool last = t + 1 == p.steps;
     mark(p, t, 0);
-    if (!last) cta.expect(t + 1);                 // h_t arrives in buffer t + 1
+    if (!last) cta.expect(t);                     // h_t arrives as exchange t
     cta.stage_inputs(t + 1, p, t + 1, last);
-    if (t > 0) cta.wait_state(t - 1);             // h_{t-1} is complete
-    mark(p, t, 1);
-    cta.multiply(t);
+    if (t == 0) mark(p, t, 1);
+    cta.multiply(t, t - 1, [&] { mark(p, t, 1); });  // h_{t-1}: exchange t - 1 (h0 at t = 0)
     mark(p, t, 2);
     C::wait_inputs();
-    __syncthreads();
+    __syncthreads();  // partial sums and inputs of step t complete
     mark(p, t, 3);
     const __nv_bfloat16* in = cta.inputs(t);
+    __nv_bfloat16* slot = cta.slot(p, t);
 #pragma unroll
-    for (int i = 0; i < C::kPerThread; ++i) {
-      const int j = threadIdx.x + i * kThreads, n = j / kRows, r = j % kRows;
+    for (int k = 0; k < C::kPerThread; ++k) {
+      const int n = C::out_n(k), r = C::out_r(k), j = n * kRows + r;
       float h, o;
-      Epi::forward(cta.reduce(n, r) + to_float(in[j]) + bias[i], to_float(in[C::kSlice + j]), h, o);
+      Epi::forward(cta.reduce(n, r) + to_float(in[j]) + bias[k], to_float(in[C::kSlice + j]), h, o);
       const __nv_bfloat16 hb = __float2bfloat16_rn(h);
-      cta.slice()[j] = hb;
+      slot[n * kSrcRow + r] = hb;
       if (cta.n0 + n < p.batch) {
         const size_t off = size_t(cta.n0 + n) * C::kDim + cta.row0 + r;
         p.out[t * BD + off] = __float2bfloat16_rn(o);
         p.h_all[(t + 1) * BD + off] = hb;
       }
     }
+    fence_async_global();
     mark(p, t, 4);
-    if (!last) cta.send(t + 1);
+    if (!last) cta.publish(p, t);
     mark(p, t, 5);
   }
   cluster.sync();  // no CTA leaves while another may still address its shared memory
@@ -353,6 +350,7 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(Args p) {
   C cta(smem, cluster);
   const size_t BD = size_t(p.batch) * C::kDim;
   const int T = p.steps;
+  auto none = [] {};
 
   cta.stage_inputs(0, p, T - 1, false);
   cta.load_weights(p.w, true);
@@ -360,18 +358,16 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(Args p) {
 
   for (int u = 0; u < T; ++u) {  // u-th step from the end: t = T - 1 - u
     const int t = T - 1 - u;
-    cta.expect(u + 1);                            // dv_t arrives in buffer u + 1
+    cta.expect(u);                                // dv_t is exchange u
     cta.stage_inputs(u + 1, p, t > 0 ? t - 1 : 0, t == 0);
-    if (u > 0) {
-      cta.wait_state(u - 1);                      // dv_{t+1} is complete
-      cta.multiply(u);
-    }
+    if (u > 0) cta.multiply(u, u - 1, none);      // W_h^T dv_{t+1}: exchange u - 1
     C::wait_inputs();
     __syncthreads();
     const __nv_bfloat16* in = cta.inputs(u);
+    __nv_bfloat16* slot = cta.slot(p, u);
 #pragma unroll
-    for (int i = 0; i < C::kPerThread; ++i) {
-      const int j = threadIdx.x + i * kThreads, n = j / kRows, r = j % kRows;
+    for (int k = 0; k < C::kPerThread; ++k) {
+      const int n = C::out_n(k), r = C::out_r(k), j = n * kRows + r;
       const bool live = cta.n0 + n < p.batch;
       const size_t off = size_t(cta.n0 + n) * C::kDim + cta.row0 + r;
       const float acc = u > 0 ? cta.reduce(n, r) : (live ? to_float(p.d_hT[off]) : 0.f);
@@ -379,21 +375,21 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(Args p) {
       Epi::backward(acc, to_float(in[j]), to_float(in[C::kSlice + j]),
                     to_float(in[2 * C::kSlice + j]), dv, dz);
       const __nv_bfloat16 dvb = __float2bfloat16_rn(dv);
-      cta.slice()[j] = dvb;
+      slot[n * kSrcRow + r] = dvb;
       if (live) {
         p.dv[t * BD + off] = dvb;
         p.dz[t * BD + off] = __float2bfloat16_rn(dz);
       }
     }
-    cta.send(u + 1);
+    fence_async_global();
+    cta.publish(p, u);
   }
-  // dh0 = W_h^T dv_0, the exchange number T - 1.
-  cta.wait_state(T - 1);
-  cta.multiply(T);
+  // dh0 = W_h^T dv_0, exchange T - 1.
+  cta.multiply(T, T - 1, none);
   __syncthreads();
 #pragma unroll
-  for (int i = 0; i < C::kPerThread; ++i) {
-    const int j = threadIdx.x + i * kThreads, n = j / kRows, r = j % kRows;
+  for (int k = 0; k < C::kPerThread; ++k) {
+    const int n = C::out_n(k), r = C::out_r(k);
     const float acc = cta.reduce(n, r);
     if (cta.n0 + n < p.batch)
       p.dh0[size_t(cta.n0 + n) * C::kDim + cta.row0 + r] = __float2bfloat16_rn(acc);
@@ -430,35 +426,12 @@ int smem_for(int ks, int nt, bool backward) {
   }
 }
 
-cudaError_t prepare(KernelPtr k, int smem, int cluster) {
-  cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (e == cudaSuccess && cluster > 8)
-    e = cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-  return e;
-}
-
-cudaLaunchConfig_t config(int cluster, int clusters, int smem, cudaStream_t stream,
-                          cudaLaunchAttribute* attr) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(cluster * clusters);
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = cluster;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cfg;
-}
-
 cudaError_t launch(const PersistentPlan& plan, int dim, bool backward, cudaStream_t stream,
                    const Args& args) {
   KernelPtr k = pick<TanhSiluGateT<true>>(dim / 256, plan.bc / 8, backward);
   cudaLaunchAttribute attr[1];
-  cudaLaunchConfig_t cfg = config(plan.cluster, plan.clusters, plan.smem, stream, attr);
-  
+  cudaLaunchConfig_t cfg =
+      cluster_launch_config(plan.cluster, plan.clusters, kThreads, plan.smem, stream, attr);
   const cudaError_t e = cudaLaunchKernelEx(&cfg, k, args);  // attributes were set by the plan
   return e == cudaSuccess ? cudaGetLastError() : e;
 }
@@ -489,8 +462,8 @@ PersistentPlan dense_persistent_plan(int batch, int dim, bool backward) {
       active = 0;
       KernelPtr k = pick<TanhSiluGateT<true>>(dim / 256, nt, backward);
       cudaLaunchAttribute attr[1];
-      cudaLaunchConfig_t cfg = config(plan.cluster, 1, smem, nullptr, attr);
-      if (prepare(k, smem, plan.cluster) != cudaSuccess ||
+      cudaLaunchConfig_t cfg = cluster_launch_config(plan.cluster, 1, kThreads, smem, nullptr, attr);
+      if (allow_cluster_launch(k, smem, plan.cluster) != cudaSuccess ||
           cudaOccupancyMaxActiveClusters(&active, k, &cfg) != cudaSuccess) {
         cudaGetLastError();
         active = 0;
@@ -503,6 +476,7 @@ PersistentPlan dense_persistent_plan(int batch, int dim, bool backward) {
       plan.clusters = clusters;
       plan.smem = smem;
       plan.max_active = active;
+      plan.xchg_bytes = size_t(clusters) * plan.cluster * 2 * plan.bc * kSrcRow * 2;
       if (clusters > active) plan.reason = "more clusters than fit at once: they run in waves";
       return plan;
     }
@@ -514,7 +488,7 @@ PersistentPlan dense_persistent_plan(int batch, int dim, bool backward) {
 cudaError_t dense_persistent_forward(cudaStream_t stream, int epilogue, int steps, int batch,
                                      int dim, const void* wx, const void* z, const void* w_h,
                                      const void* b, const void* h0, void* out, void* h_all,
-                                     long long* trace) {
+                                     void* xchg, long long* trace) {
   if (epilogue != kTanhSiluGate) return cudaErrorInvalidValue;
   const PersistentPlan plan = dense_persistent_plan(batch, dim, false);
   if (!plan.ok) return cudaErrorInvalidConfiguration;
@@ -527,6 +501,7 @@ cudaError_t dense_persistent_forward(cudaStream_t stream, int epilogue, int step
   a.h0 = static_cast<const __nv_bfloat16*>(h0);
   a.out = static_cast<__nv_bfloat16*>(out);
   a.h_all = static_cast<__nv_bfloat16*>(h_all);
+  a.xchg = static_cast<__nv_bfloat16*>(xchg);
   a.trace = trace;
   return launch(plan, dim, false, stream, a);
 }
@@ -534,7 +509,7 @@ cudaError_t dense_persistent_forward(cudaStream_t stream, int epilogue, int step
 cudaError_t dense_persistent_backward(cudaStream_t stream, int epilogue, int steps, int batch,
                                       int dim, const void* w_h, const void* h_all,
                                       const void* z, const void* d_out, const void* d_hT,
-                                      void* dv, void* dz, void* dh0) {
+                                      void* dv, void* dz, void* dh0, void* xchg) {
   if (epilogue != kTanhSiluGate) return cudaErrorInvalidValue;
   const PersistentPlan plan = dense_persistent_plan(batch, dim, true);
   if (!plan.ok) return cudaErrorInvalidConfiguration;
@@ -548,6 +523,7 @@ cudaError_t dense_persistent_backward(cudaStream_t stream, int epilogue, int ste
   a.dv = static_cast<__nv_bfloat16*>(dv);
   a.dz = static_cast<__nv_bfloat16*>(dz);
   a.dh0 = static_cast<__nv_bfloat16*>(dh0);
+  a.xchg = static_cast<__nv_bfloat16*>(xchg);
   return launch(plan, dim, true, stream, a);
 }
 

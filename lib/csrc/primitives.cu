@@ -3,6 +3,7 @@
 // one launch, so (time(iters) - time(0)) / iters is the cost of one repetition.
 #include <cooperative_groups.h>
 
+#include "cluster.cuh"
 #include "dense.h"
 
 namespace cg = cooperative_groups;
@@ -98,22 +99,66 @@ __global__ void dsmem_pingpong_kernel(int iters) {
   cluster.sync();
 }
 
+// The state exchange of a persistent step, alone: every CTA of a cluster of C sends a
+// `slice`-byte block to all C CTAs (itself included) and waits until all C blocks of the
+// step arrived, `iters` times in a row, double-buffered exactly as the kernels do (a CTA
+// sends exchange t + 1 only after it received exchange t). Methods:
+//   0 st.async: 16-byte stores from registers by all threads (after a __syncthreads);
+//   1 bulk: the slice is written to local shared memory, then one bulk copy per peer;
+//   2 multicast: the slice is written to global memory, then one bulk copy from global
+//     multicast to the whole cluster.
+template <int kMethod>
+__global__ void allgather_kernel(int iters, int slice, uint4* scratch) {
+  cg::cluster_group cluster = cg::this_cluster();
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int C = int(cluster.num_blocks()), rank = int(cluster.block_rank());
+  const int total = C * slice, chunks = slice / 16;
+  uint4* mine = reinterpret_cast<uint4*>(smem + 2 * total);
+  uint64_t* bar = reinterpret_cast<uint64_t*>(smem + 2 * total + slice);
+  uint4* global_slice = scratch + (size_t(blockIdx.x) * 2) * chunks;  // [2][chunks] per CTA
+  if (threadIdx.x == 0) {
+    mbar_init(&bar[0]);
+    mbar_init(&bar[1]);
+    mbar_init_fence();
+  }
+  cluster.sync();
+  for (int t = 0; t < iters; ++t) {
+    unsigned char* dst = smem + ((t + 1) & 1) * total + rank * slice;  // this CTA's block
+    uint64_t* b = &bar[(t + 1) & 1];
+    if (threadIdx.x == 0) mbar_expect(b, total);
+    if (t > 0) mbar_wait(&bar[t & 1], ((t - 1) >> 1) & 1);
+    const uint4 v = make_uint4(t, rank, threadIdx.x, 0);  // the step's "result"
+    if (kMethod == 0) {
+      __syncthreads();
+      for (int c = threadIdx.x; c < C * chunks; c += blockDim.x)
+        st_async(map_to_rank(smem_u32(dst + (c % chunks) * 16), c / chunks), v,
+                 map_to_rank(smem_u32(b), c / chunks));
+    } else if (kMethod == 1) {
+      for (int c = threadIdx.x; c < chunks; c += blockDim.x) mine[c] = v;
+      fence_async_shared();
+      __syncthreads();
+      if (int(threadIdx.x) < C)
+        bulk_to_peer(map_to_rank(smem_u32(dst), threadIdx.x), mine, slice,
+                     map_to_rank(smem_u32(b), threadIdx.x));
+    } else {
+      uint4* g = global_slice + (t & 1) * chunks;
+      for (int c = threadIdx.x; c < chunks; c += blockDim.x) g[c] = v;
+      fence_async_global();
+      __syncthreads();
+      if (threadIdx.x == 0) bulk_multicast(dst, g, slice, b, uint16_t((1u << C) - 1));
+    }
+  }
+  if (iters > 0) mbar_wait(&bar[iters & 1], ((iters - 1) >> 1) & 1);
+  cluster.sync();
+}
+
 cudaError_t launch_cluster(void (*kernel)(int), int cluster, int iters, cudaStream_t stream) {
   if (cluster > 8) {
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
     if (e != cudaSuccess) return e;
   }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(cluster);
-  cfg.blockDim = dim3(128);
-  cfg.stream = stream;
   cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = cluster;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cudaLaunchConfig_t cfg = cluster_launch_config(cluster, 1, 128, 0, stream, attr);
   const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, iters);
   return e == cudaSuccess ? cudaGetLastError() : e;
 }
@@ -146,6 +191,23 @@ cudaError_t launch_cluster_sync(cudaStream_t stream, int cluster, int iters) {
 
 cudaError_t launch_dsmem_pingpong(cudaStream_t stream, int iters) {
   return launch_cluster(dsmem_pingpong_kernel, 2, iters, stream);
+}
+
+cudaError_t launch_allgather(cudaStream_t stream, int method, int cluster, int slice, int iters,
+                             void* scratch) {
+  if (method < 0 || method > 2 || cluster < 2 || cluster > 16 || slice < 16 || slice % 16 ||
+      slice > 8192)
+    return cudaErrorInvalidValue;
+  void (*k)(int, int, uint4*) = method == 0   ? allgather_kernel<0>
+                                : method == 1 ? allgather_kernel<1>
+                                              : allgather_kernel<2>;
+  const int smem = (2 * cluster + 1) * slice + 16;
+  cudaError_t e = allow_cluster_launch(k, smem, cluster);
+  if (e != cudaSuccess) return e;
+  cudaLaunchAttribute attr[1];
+  cudaLaunchConfig_t cfg = cluster_launch_config(cluster, 1, 512, smem, stream, attr);
+  e = cudaLaunchKernelEx(&cfg, k, iters, slice, static_cast<uint4*>(scratch));
+  return e == cudaSuccess ? cudaGetLastError() : e;
 }
 
 }  // namespace elman

@@ -11,6 +11,8 @@ Measures, for each (B, D) at T = 512, bf16:
   `cuda:persistent`, `cuda:steps` (cuBLAS per step from a stream), `cuda:steps+graph`
   (the same captured in a CUDA graph), `torch:eager` (a PyTorch loop), `cudnn:fp16` and
   `cudnn:bf16` (`torch.nn.RNN(tanh)`, whose input GEMM is inside its time).
+- `recurrent_layer`: E1's cell with its input GEMM W_x x and every gradient, as cuDNN's
+  RNN layer counts one (the issue's "one layer forward+backward"), beside cuDNN fp16/bf16.
 - `layer`: one registered layer (variant or baseline) at width D, forward and forward +
   backward under bf16 autocast with fp32 weights, tokens/s and peak memory.
 - `primitive` (`--primitives`): the synchronisation costs a time step pays.
@@ -201,6 +203,44 @@ def cell_records(B: int, D: int, T: int = T_DEFAULT, reps: int = 30, quick: bool
     return out
 
 
+def recurrent_layer_records(B: int, D: int, T: int = T_DEFAULT, reps: int = 30,
+                            quick: bool = False) -> list[dict]:
+    """E1's recurrent layer as cuDNN's RNN layer counts one: the input GEMM W_x x inside,
+    every gradient (x, z, W_x, W_h, b, h0) in the backward; next to cuDNN's fp16 and bf16
+    `nn.RNN(tanh)` timed the same way. Measure `recurrent_layer`."""
+    per_set = 6 * T * B * D * 2
+    n = 2 if quick else rotation(per_set)
+    g = torch.Generator(device="cuda").manual_seed(4321)
+    sets = []
+    for _ in range(n):
+        t = dense.random_inputs(T, B, D, ("x", "z", "w_x", "w_h", "b", "h0"), "cuda", g)
+        sets.append({k: v.detach().to(torch.bfloat16).requires_grad_() for k, v in t.items()})
+    grad = torch.randn(T, B, D, device="cuda", dtype=torch.bfloat16, generator=g)
+
+    def fwd(i):
+        with torch.no_grad():
+            dense.gated_cell_cuda(**sets[i])
+
+    def fwdbwd(i):
+        out, _ = dense.gated_cell_cuda(**sets[i])
+        out.backward(grad)
+    fns = {"cuda:" + dense.plan(B, D, torch.bfloat16): (fwd, fwdbwd),
+           "cudnn:fp16": _cudnn_fns(T, B, D, n, torch.float16),
+           "cudnn:bf16": _cudnn_fns(T, B, D, n, torch.bfloat16)}
+    out = []
+    for impl, (f, fb) in fns.items():
+        r = max(5, reps // 4) if impl == "cudnn:bf16" and D >= 1024 else reps
+        tf, tfb = timeit(f, r, 3, n), timeit(fb, r, 3, n)
+        out.append(records.make("bench", "E1", impl,
+                                {"measure": "recurrent_layer", "B": B, "T": T, "D": D,
+                                 "dtype": "bfloat16"},
+                                {"fwd_ms": tf, "fwdbwd_ms": tfb,
+                                 "tokens_per_s": B * T / (tfb["median"] / 1000)}))
+    del sets, fns
+    torch.cuda.empty_cache()
+    return out
+
+
 # ---- whole layers ---------------------------------------------------------------------
 def layer_record(entry: registry.Entry, B: int, D: int, T: int = T_DEFAULT, reps: int = 20,
                  dtype: str = "bfloat16", quick: bool = False, impl: str | None = None,
@@ -261,6 +301,9 @@ def warm_up(seconds: float = 0.5) -> None:
             return
 
 
+ALLGATHER_METHODS = ("st_async", "bulk", "multicast")  # lib/csrc/primitives.cu allgather_kernel
+
+
 def primitive_records(iters: int = 2000) -> list[dict]:
     """Per-operation cost of the primitives a persistent time step is built from."""
     ext = ops.load()
@@ -288,6 +331,14 @@ def primitive_records(iters: int = 2000) -> list[dict]:
     for c in (2, 8, 16):
         results[f"cluster_barrier_{c}_us"] = per_iter(lambda k, c=c: ext.cluster_sync(c, k))
     results["dsmem_one_way_us"] = per_iter(lambda k: ext.dsmem_pingpong(k)) / 2
+    # The state exchange alone, as the persistent kernels do it (st.async) and two
+    # alternatives: C CTAs, each sending a slice of 64 rows x 8 or 16 columns (bf16).
+    scratch = torch.empty(2 * 16 * 2048, dtype=torch.uint8, device="cuda")
+    for method, how in enumerate(ALLGATHER_METHODS):
+        for c in (8, 16):
+            for nbytes in (1024, 2048):
+                results[f"allgather_{how}_{c}x{nbytes}B_us"] = per_iter(
+                    lambda k, m=method, c=c, b=nbytes: ext.allgather(m, c, b, k, scratch))
     a = torch.randn(4, 512, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(512, 512, device="cuda", dtype=torch.bfloat16)
     g2 = torch.cuda.CUDAGraph()
@@ -353,6 +404,8 @@ def main(args) -> int:
     if not args.no_cell:
         for B, D in tqdm(shapes, desc="cell"):
             new = cell_records(B, D, args.T, reps, args.quick, gate=gate)
+            if gate.get("cuda:" + dense.plan(B, D, torch.bfloat16)):
+                new += recurrent_layer_records(B, D, args.T, reps, args.quick)
             records.write(new)
             recs += new
     if not args.no_layers:
@@ -390,6 +443,9 @@ def summary(recs: list[dict]) -> str:
             phases = "  ".join(f"{k} {v:6.0f}" for k, v in m["phase_ns"].items())
             lines.append(f"trace B={p['B']:<3} D={p['D']:<5} step {m['step_ns']:6.0f} ns at "
                          f"{m['sm_clock_ghz']:.2f} GHz: {phases}")
+        elif p["measure"] == "recurrent_layer":
+            lines.append(f"rnn   {r['impl']:<18} B={p['B']:<3} D={p['D']:<5} "
+                         f"fwd {m['fwd_ms']['median']:8.3f} ms  fwd+bwd {m['fwdbwd_ms']['median']:8.3f} ms")
         elif p["measure"] == "cell":
             lines.append(f"cell  {r['impl']:<18} B={p['B']:<3} D={p['D']:<5} "
                          f"{m['per_step_us']:8.2f} us/step  fwd+bwd {m['fwdbwd_ms']['median']:8.3f} ms")
