@@ -4,20 +4,21 @@
 # execute the chapters with papermill, optionally train, and pack everything into one
 # archive under $OUT.
 #
-#   scripts/gpu_pass.sh [STAGE ...]      stages: setup build test parity gdn bench chapters
-#                                        train leaderboard pack (default: all but train and
-#                                        leaderboard)
+#   scripts/gpu_pass.sh [STAGE ...]      stages: setup build test parity gdn bench sanitize
+#                                        chapters train leaderboard pack (default: all but
+#                                        train and leaderboard)
 # Environment: OUT (where the archive goes; default ./out), ELMAN_COMMIT / ELMAN_DIRTY
 # (the commit the tree is at, when the host has no .git), ELMAN_RUN_DIR (default: a new
 # runs/<UTC>_<commit>_<gpu>/), RUN_NOTE (what the run is for, into run.json), QUICK=1 (small
-# benchmarks), TRAIN_JOBS (job file for train). The corpus for train is the packed file that
+# benchmarks), TRAIN_JOBS (job file for train), TEST_FILES (GPU test paths; default tests),
+# BENCH_ARGS (extra `elman bench` flags), CHAPTERS (names: only those chapters). The corpus for train is the packed file that
 # `elman data --pack 200` writes (carry .cache/data/linux-6.1-200M.txt.{xz,json}).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 OUT=${OUT:-$ROOT/out}
 mkdir -p "$OUT"
-STAGES=${*:-setup build test parity gdn bench chapters pack}
+STAGES=${*:-setup build test parity gdn bench sanitize chapters pack}
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$ROOT/lib${PYTHONPATH:+:$PYTHONPATH}
 export ELMAN_BUILD_DIR=${ELMAN_BUILD_DIR:-/tmp/elman-build}
 LOG=$OUT/gpu_pass.log
@@ -55,11 +56,16 @@ build() { python3 -c "from elman import ops; ops.load(verbose=False)"; }
 # Parity of every registered level is the parity stage's job (it records) and the GDN check
 # the gdn stage's; the GPU tests check everything else.
 gpu_tests() {
-  python3 -m pytest -q -m gpu tests -p no:cacheprovider \
+  python3 -X faulthandler -m pytest -v -m gpu ${TEST_FILES:-tests} -p no:cacheprovider \
     -k "not test_variant_parity and not test_baseline_parity and not test_gdn_verification_passes"
 }
 parity_stage() { python3 -m elman parity; }
-bench_stage() { python3 -m elman bench --primitives ${QUICK:+--quick}; }
+bench_stage() { python3 -m elman bench --primitives ${QUICK:+--quick} ${BENCH_ARGS:-}; }
+sanitize() {  # compute-sanitizer on the persistent kernels (racecheck on the small shapes)
+  local cs; cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  "$cs" --tool memcheck --error-exitcode 1 python3 scripts/sanitize_persistent.py &&
+    "$cs" --tool racecheck --error-exitcode 1 python3 scripts/sanitize_persistent.py --small
+}
 gdn_stage() { python3 scripts/verify_gdn.py; }
 chapters() {  # chapters [NAME ...]: those of the TOC whose file name contains a NAME
   local ok=0
@@ -87,7 +93,8 @@ has test && stage test gpu_tests
 has parity && stage parity parity_stage
 has gdn && stage gdn gdn_stage
 has bench && stage bench bench_stage
-has chapters && stage chapters chapters
+has sanitize && stage sanitize sanitize
+has chapters && stage chapters chapters ${CHAPTERS:-}
 has train && stage train train_stage
 has leaderboard && stage leaderboard leaderboard
 has pack && stage pack pack
