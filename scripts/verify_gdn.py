@@ -30,9 +30,8 @@ from elman.baselines import gdn, report
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--modes", nargs="*", default=["auto", "triton-unguarded"],
-                   choices=gdn.DQKWG_MODES)
-    p.add_argument("--dtypes", nargs="*", default=["float32", "bfloat16"])
+    p.add_argument("--modes", nargs="*", default=list(gdn.VERIFY_MODES), choices=gdn.DQKWG_MODES)
+    p.add_argument("--dtypes", nargs="*", default=list(gdn.VERIFY_DTYPES))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-record", action="store_true", help="print only; write nothing to runs/")
     args = p.parse_args(argv)

@@ -9,6 +9,7 @@ import sys
 COMMANDS = {
     "parity": ("elman.parity", "CUDA kernels against their fp64 references, every gradient"),
     "bench": ("elman.bench", "kernel and layer benchmarks with baselines from the same run"),
+    "warm": ("elman.tritonwarm", "compile the baselines' Triton kernels in parallel before timing"),
     "data": ("elman.data", "build the default byte corpus or its test slice"),
     "train": ("elman.train", "train a byte-level LadderLM (the 10-minute protocol)"),
     "results": ("elman.results", "last-100 tables over training runs"),

@@ -346,9 +346,13 @@ def parity(T, B, D, dtype, device, generator, expansion: float = 2.0,
 
 
 VERIFY_SHAPES = ((512, 4, 512), (512, 8, 1024), (512, 4, 2048))  # (T, B, D)
+VERIFY_DTYPES = ("float32", "bfloat16")
+# scripts/verify_gdn.py's modes: the layer's first (it decides the exit status and is
+# recorded), then FLA's own kernel with its guard lifted, to show what the guard prevents
+VERIFY_MODES = ("auto", "triton-unguarded")
 
 
-def verify(shapes=VERIFY_SHAPES, dtypes=("float32", "bfloat16"), modes=("auto",), seed: int = 0,
+def verify(shapes=VERIFY_SHAPES, dtypes=VERIFY_DTYPES, modes=("auto",), seed: int = 0,
            device: str = "cuda") -> list[dict]:
     """The fla-gdn parity comparison (chunk path against FLA's naive recurrence, forward and
     every gradient) for each chunk_bwd_dqkwg mode, dtype and (T, B, D): one row each. A
