@@ -474,6 +474,52 @@ def test_llama_returns_branch_outputs_only():
     torch.testing.assert_close(out, u)
 
 
+# ---- elman bench over the baselines, on the CPU ----------------------------------------------
+def test_bench_times_every_baseline_beside_e1_at_the_same_shapes(monkeypatch, tmp_path):
+    """`elman bench --levels E1 mamba2 fla-gdn gru lstm llama --no-cell` with the GPU work
+    replaced: every level is timed at the same (B, T, D) as E1, gru and lstm in fp16 and in
+    bf16 separately, the others in bf16, each (level, dtype) after its parity gate."""
+    from elman import bench, cli
+
+    timed, gated = [], []
+
+    def layer_record(entry, B, D, T, reps, dtype, quick):
+        timed.append((entry.name, dtype, B, T, D))
+        return {"variant": entry.name, "impl": "fake", "params": {"measure": "layer", "B": B, "T": T, "D": D,
+                                                                  "dtype": dtype},
+                "metrics": {"fwd_ms": {"median": 1.0}, "fwdbwd_ms": {"median": 2.0}, "tokens_per_s": 3.0}}
+
+    def ensure_parity(e, dtype="bfloat16"):
+        gated.append((e.name, dtype))
+        return {"impl": True}
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(bench, "warm_up", lambda: None)
+    monkeypatch.setattr(bench, "ensure_parity", ensure_parity)
+    monkeypatch.setattr(bench, "layer_record", layer_record)
+    monkeypatch.setattr(bench.records, "write", lambda recs, folder=None: tmp_path / "records.jsonl")
+    monkeypatch.setenv("ELMAN_RUN_DIR", str(tmp_path))
+    assert cli.main(["bench", "--levels", "E1", *NAMES, "--no-cell"]) == 0
+    shapes = {(B, bench.T_DEFAULT, D) for B in bench.SHAPES_B for D in bench.SHAPES_D}
+    by_level: dict = {}
+    for name, dtype, *shape in timed:
+        by_level.setdefault((name, dtype), set()).add(tuple(shape))
+    expected = {("E1", "bfloat16"), ("mamba2", "bfloat16"), ("fla-gdn", "bfloat16"), ("llama", "bfloat16"),
+                ("gru", "float16"), ("gru", "bfloat16"), ("lstm", "float16"), ("lstm", "bfloat16")}
+    assert set(by_level) == expected and all(s == shapes for s in by_level.values())
+    assert len(timed) == len(expected) * len(shapes)       # each once
+    assert expected <= set(gated)
+
+
+def test_library_layers_say_which_path_runs():
+    """What `elman bench` records as impl: fla-gdn names who computes chunk_bwd_dqkwg."""
+    layer = entry("fla-gdn").layer(128)
+    with gdn.dqkwg("torch"):
+        assert layer.impl == gdn.impl() == "fla-0.6.0:chunk+dqkwg-torch"
+    assert entry("mamba2").layer(128).impl == mamba2.IMPL == \
+        entry("mamba2").parity(4, 1, 64, F64, "cpu", torch.Generator())[0].impl
+
+
 # ---- the verification and the chapter's tables, on the CPU ----------------------------------
 def test_gdn_verify_rows_pass_fail_and_refusal(monkeypatch):
     """verify() with the chunk path swapped for the reference (no GPU here): rows pass;

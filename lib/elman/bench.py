@@ -277,8 +277,9 @@ def layer_record(entry: registry.Entry, B: int, D: int, T: int = T_DEFAULT, reps
     peak = (torch.cuda.max_memory_allocated() - base) / 2**20
     tfb = timeit(fwdbwd, reps, 3, n)
     params = sum(p.numel() for p in layer.parameters())
+    # a baseline layer may say which library path ran (fla-gdn: who computed chunk_bwd_dqkwg)
     ran = impl or ("cuda:" + dense.last_path.get("forward", "?") if entry.kind == "variant"
-                   else f"{entry.name}:{dtype}")
+                   else getattr(layer, "impl", f"{entry.name}:{dtype}"))
     return records.make("bench", entry.name, ran,
                         {"measure": "layer", "B": B, "T": T, "D": D, "dtype": dtype, "expansion": 1.0,
                          "layer_params": params, **options},

@@ -305,6 +305,11 @@ class GatedDeltaNet(nn.Module):
     def set_layer_idx(self, i: int) -> None:
         self.block.layer_idx = i
 
+    @property
+    def impl(self) -> str:
+        """The path `backend="cuda"` runs now, for records (see `impl()`)."""
+        return impl()
+
     def forward(self, y: torch.Tensor, state=None):
         no_state(state, "fla-gdn")
         if self.backend == "reference":

@@ -33,6 +33,7 @@ from ..registry import Entry, ParityCase, Tolerance, register
 from .common import autocast_dtype, check_backend, no_state, require_cuda
 
 CHUNK = 256
+IMPL = "mamba-ssm-2.3.2:ssd-triton"  # what `backend="cuda"` runs, for records
 
 
 def inner(dim: int, expansion: float, headdim: int = 64) -> int:
@@ -111,6 +112,8 @@ class Mamba2Layer(nn.Module):
                                          headdim=headdim, chunk_size=CHUNK,
                                          use_mem_eff_path=False, layer_idx=layer_idx)
 
+    impl = IMPL
+
     def set_layer_idx(self, i: int) -> None:
         self.block.layer_idx = i
 
@@ -148,7 +151,7 @@ def parity(T, B, D, dtype, device, generator, expansion: float = 2.0,
         "initial_states": 0.5 * torch.randn(B, H, headdim, d_state, **kw),
     }
     inputs = {n: t.requires_grad_() for n, t in inputs.items()}
-    return [ParityCase(inputs, chunked, ssd_reference, ("out", "h_T"), "mamba-ssm-2.3.2:ssd-triton")]
+    return [ParityCase(inputs, chunked, ssd_reference, ("out", "h_T"), IMPL)]
 
 
 ENTRY = register(Entry(
