@@ -4,21 +4,28 @@
 # execute the chapters with papermill, optionally train, and pack everything into one
 # archive under $OUT.
 #
-#   scripts/gpu_pass.sh [STAGE ...]      stages: setup build test parity gdn bench sanitize
-#                                        chapters train leaderboard pack (default: all but
-#                                        train and leaderboard)
+#   scripts/gpu_pass.sh [STAGE ...]      stages: setup build warm test parity gdn baselines bench
+#                                        sanitize chapters train leaderboard pack (default: all
+#                                        but baselines, train and leaderboard)
+#   scripts/gpu_pass.sh setup build warm baselines pack     the baselines' run (issue 4) alone
+#
+# warm compiles, in parallel, the Triton kernels (mamba2, fla-gdn) of the stages that follow
+# (`elman warm`); baselines = scripts/verify_gdn.py, the parity of the baselines and their
+# layer benchmarks beside E1 (`elman bench --levels E1 <baselines> --no-cell`).
 # Environment: OUT (where the archive goes; default ./out), ELMAN_COMMIT / ELMAN_DIRTY
 # (the commit the tree is at, when the host has no .git), ELMAN_RUN_DIR (default: a new
 # runs/<UTC>_<commit>_<gpu>/), RUN_NOTE (what the run is for, into run.json), QUICK=1 (small
 # benchmarks), TRAIN_JOBS (job file for train), TEST_FILES (GPU test paths; default tests),
-# BENCH_ARGS (extra `elman bench` flags), CHAPTERS (names: only those chapters). The corpus for train is the packed file that
+# BENCH_ARGS (extra `elman bench` flags), WARM_ARGS (extra `elman warm` flags, e.g. -j 8),
+# CHAPTERS (names: only those chapters). The corpus for train is the packed file that
 # `elman data --pack 200` writes (carry .cache/data/linux-6.1-200M.txt.{xz,json}).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 OUT=${OUT:-$ROOT/out}
 mkdir -p "$OUT"
-STAGES=${*:-setup build test parity gdn bench sanitize chapters pack}
+STAGES=${*:-setup build warm test parity gdn bench sanitize chapters pack}
+BASELINES="mamba2 fla-gdn gru lstm llama"
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$ROOT/lib${PYTHONPATH:+:$PYTHONPATH}
 export ELMAN_BUILD_DIR=${ELMAN_BUILD_DIR:-/tmp/elman-build}
 LOG=$OUT/gpu_pass.log
@@ -59,6 +66,17 @@ gpu_tests() {
   python3 -X faulthandler -m pytest -v -m gpu ${TEST_FILES:-tests} -p no:cacheprovider \
     -k "not test_variant_parity and not test_baseline_parity and not test_gdn_verification_passes"
 }
+# The groups of calls `elman warm` compiles for: those of the stages in this pass.
+warm_stage() {
+  local groups=()
+  case " ${TEST_FILES:-tests} " in *" tests "*|*" tests/ "*|*baselines*) has test && groups+=(tests);; esac
+  { has gdn || has baselines; } && groups+=(verify)
+  { has parity || has baselines; } && groups+=(parity)
+  { has bench || has baselines; } && groups+=(bench)
+  has chapters && [[ -z ${CHAPTERS:-} || $CHAPTERS == *baselines* ]] && groups+=(chapters)
+  if [ ${#groups[@]} -eq 0 ]; then echo "warm: no stage of this pass runs the baselines' Triton kernels"; return 0; fi
+  python3 -m elman warm --groups "${groups[@]}" ${WARM_ARGS:-}
+}
 parity_stage() { python3 -m elman parity; }
 bench_stage() { python3 -m elman bench --primitives ${QUICK:+--quick} ${BENCH_ARGS:-}; }
 sanitize() {  # compute-sanitizer on the persistent kernels (racecheck on the small shapes)
@@ -67,6 +85,13 @@ sanitize() {  # compute-sanitizer on the persistent kernels (racecheck on the sm
     "$cs" --tool racecheck --error-exitcode 1 python3 scripts/sanitize_persistent.py --small
 }
 gdn_stage() { python3 scripts/verify_gdn.py; }
+baselines_stage() {  # fla-gdn verified, then every baseline's parity, then their layers beside E1
+  local ok=0
+  python3 scripts/verify_gdn.py || ok=1
+  python3 -m elman parity --levels $BASELINES || ok=1
+  python3 -m elman bench --levels E1 $BASELINES --no-cell ${QUICK:+--quick} ${BENCH_ARGS:-} || ok=1
+  return $ok
+}
 chapters() {  # chapters [NAME ...]: those of the TOC whose file name contains a NAME
   local ok=0
   for nb in $(python3 -c "import yaml;t=yaml.safe_load(open('_toc.yml'));print(' '.join(c['file'] for p in t.get('parts',[t]) for c in p.get('chapters',[])))"); do
@@ -89,9 +114,11 @@ pack() {
 
 has setup && stage setup setup
 has build && stage build build
+has warm && stage warm warm_stage
 has test && stage test gpu_tests
 has parity && stage parity parity_stage
 has gdn && stage gdn gdn_stage
+has baselines && stage baselines baselines_stage
 has bench && stage bench bench_stage
 has sanitize && stage sanitize sanitize
 has chapters && stage chapters chapters ${CHAPTERS:-}

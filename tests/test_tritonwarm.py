@@ -219,3 +219,15 @@ def test_parent_reports_a_failing_worker_and_waits_for_the_others(tmp_path, monk
     for i in (0, 2):   # the others ran every job, one line each
         assert sum(line.startswith(f"[warm] worker  {i} ") for line in out.splitlines()) == len(todo)
     assert f"[warm] worker  0 {todo[0]}:    0.0 s" in out
+
+
+@pytest.mark.parametrize("stages,groups", [("warm baselines", "verify, parity, bench"), ("warm gdn", "verify")])
+def test_gpu_pass_warms_for_the_stages_that_follow(tmp_path, stages, groups):
+    """scripts/gpu_pass.sh's warm stage asks `elman warm` for the groups of the stages in the
+    pass (here with --dry-run; the stages after it fail at once without a GPU)."""
+    env = {**os.environ, "OUT": str(tmp_path), "ELMAN_RUN_DIR": str(tmp_path / "run"),
+           "WARM_ARGS": "--dry-run", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_pass.sh"), *stages.split()], env=env,
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert f"jobs ({groups}) in" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "stage warm ok" in proc.stdout
