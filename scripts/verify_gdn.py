@@ -1,10 +1,12 @@
 """Verify the fla-gdn path on the GPU before any timing is recorded.
 
-For each chunk_bwd_dqkwg mode (see elman.baselines.gdn), dtype and shape (T = 512; B 4-8;
-D = 512, 1024, 2048 with their head counts) it runs FLA's chunked Gated DeltaNet exactly
-as the layer calls it, forward and backward, against FLA's own naive recurrent reference,
-and prints the relative error of the output, the final state and every gradient (q, k, v,
-the gate and beta logits, A_log, dt_bias, the initial state).
+For each chunk_bwd_dqkwg mode (see elman.baselines.gdn), dtype and shape of
+gdn.VERIFY_SHAPES (T = 512, B 4-16; D = 512, 1024, 2048 with their head counts and value
+width 2 K as in training; D = 1024 with value width K, as `elman bench` runs the layer) it
+runs FLA's chunked Gated DeltaNet exactly as the layer calls it, forward and backward,
+against FLA's own naive recurrent reference, and prints the relative error of the output,
+the final state and every gradient (q, k, v, the gate and beta logits, A_log, dt_bias, the
+initial state).
 
     python scripts/verify_gdn.py                      # modes auto and triton-unguarded
     python scripts/verify_gdn.py --modes auto triton --dtypes bfloat16
@@ -46,8 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     chosen = [r for r in rows if r["mode"] == args.modes[0]]
     if not args.no_record:
         recs = [records.make("parity", "fla-gdn", r["impl"],
-                             {"T": r["T"], "B": r["B"], "D": r["D"], "dtype": r["dtype"],
-                              "seed": r["seed"], "check": "verify_gdn"},
+                             {"T": r["T"], "B": r["B"], "D": r["D"], "expansion": r["expansion"],
+                              "dtype": r["dtype"], "seed": r["seed"], "check": "verify_gdn"},
                              {k: r[k] for k in ("errors", "max_fwd", "max_bwd", "tol_fwd", "tol_bwd",
                                                 "passed", "torch_dqkwg_calls", "error") if k in r})
                 for r in chosen]

@@ -525,18 +525,18 @@ def test_gdn_verify_rows_pass_fail_and_refusal(monkeypatch):
     """verify() with the chunk path swapped for the reference (no GPU here): rows pass;
     a path that raises FLA's refusal is reported as refused and fails."""
     monkeypatch.setattr(gdn, "chunked", gdn.reference)
-    rows = gdn.verify(shapes=((9, 2, 128),), dtypes=("float32",), device="cpu")
+    rows = gdn.verify(shapes=((9, 2, 128, 2.0),), dtypes=("float32",), device="cpu")
     assert len(rows) == 1 and rows[0]["passed"] and rows[0]["path"] == "triton"
     assert rows[0]["max_fwd"] < 1e-6 and {"grad:q", "grad:a", "grad:b", "grad:A_log", "grad:h0"} <= set(rows[0]["errors"])
     with gdn.dqkwg("torch"):
-        rows = gdn.verify(shapes=((9, 2, 128),), dtypes=("float32",), device="cpu", modes=("torch",))
+        rows = gdn.verify(shapes=((9, 2, 128, 2.0),), dtypes=("float32",), device="cpu", modes=("torch",))
     assert not rows[0]["passed"] and rows[0]["torch_dqkwg_calls"] == 0  # the replacement never ran
 
     def refuse(*a, **k):
         raise RuntimeError("Triton >= 3.4.0 and < 3.7.1 on Hopper GPUs produces incorrect results for ...")
 
     monkeypatch.setattr(gdn, "chunked", refuse)
-    rows = gdn.verify(shapes=((9, 2, 128),), dtypes=("float32",), device="cpu")
+    rows = gdn.verify(shapes=((9, 2, 128, 2.0),), dtypes=("float32",), device="cpu")
     assert not rows[0]["passed"] and rows[0]["refused"].startswith("Triton >= 3.4.0")
     assert "refused: Triton" in report.verify_table(rows)
 
@@ -603,7 +603,7 @@ def test_verify_gdn_script_records_the_checked_mode(tmp_path, monkeypatch):
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     row = {"mode": "auto", "path": "torch", "impl": "fla-0.6.0:chunk+dqkwg-torch", "dtype": "bfloat16",
-           "T": 512, "B": 4, "D": 512, "heads": 4, "seed": 0, "errors": {"fwd:out": 1e-3, "grad:q": 2e-3},
+           "T": 512, "B": 4, "D": 512, "expansion": 2.0, "heads": 4, "seed": 0, "errors": {"fwd:out": 1e-3, "grad:q": 2e-3},
            "max_fwd": 1e-3, "max_bwd": 2e-3, "tol_fwd": 2e-2, "tol_bwd": 5e-2, "torch_dqkwg_calls": 3, "passed": True}
     bad = {**row, "mode": "triton-unguarded", "path": "triton-unguarded", "max_bwd": 0.7, "passed": False}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -621,3 +621,99 @@ def test_verify_gdn_script_records_the_checked_mode(tmp_path, monkeypatch):
     assert report.verify_rows([tmp_path])[0]["gpu"] == "FAKE GPU"
     monkeypatch.setattr(gdn, "verify", lambda **kw: [{**row, "passed": False}])
     assert script.main(["--no-record"]) == 1
+
+
+# ---- the chapter from a run's records --------------------------------------------------------
+GPU = "NVIDIA H100 80GB HBM3"
+TOKENS = {"E1": 100.0, "mamba2": 50.0, "fla-gdn": 40.0, "gru": 10.0, "lstm": 8.0, "llama": 200.0}
+
+
+def _verify_row(mode, dtype, D, e=2.0):
+    path = "torch" if mode == "auto" else mode
+    passed = mode == "auto"
+    return {"mode": mode, "path": path, "impl": f"fla-0.6.0:chunk+dqkwg-{path}", "dtype": dtype, "T": 512,
+            "B": 4, "D": D, "expansion": e, "heads": D // 128, "seed": 0,
+            "errors": {"fwd:out": 1e-3, "grad:q": 2e-3, "grad:b": 1e-3 if passed else 0.6},
+            "max_fwd": 1e-3, "max_bwd": 2e-3 if passed else 0.6, "tol_fwd": 2e-2, "tol_bwd": 5e-2,
+            "torch_dqkwg_calls": 3 if passed else 0, "passed": passed}
+
+
+def _fake_run(folder: Path) -> None:
+    """A run folder as `scripts/gpu_pass.sh ... baselines` leaves it: verify_gdn.json, parity
+    records of the baselines, layer records of E1 and every baseline (gru and lstm in fp16
+    and in bf16) at the same shapes."""
+    import json
+
+    from elman import records
+
+    env = {"gpu": GPU, "commit": "abc", "dirty": False}
+    rows = [_verify_row(m, dt, D) for m in ("auto", "triton-unguarded") for dt in ("float32", "bfloat16")
+            for D in (512, 1024)]
+    folder.mkdir(parents=True)
+    (folder / report.VERIFY_FILE).write_text(json.dumps({"env": env, "rows": rows}))
+    recs = [{"kind": "parity", "variant": "fla-gdn", "impl": r["impl"], "env": env,
+             "params": {"T": 512, "B": 4, "D": r["D"], "dtype": r["dtype"], "seed": 0, "check": "verify_gdn"},
+             "metrics": {k: r[k] for k in ("errors", "max_fwd", "max_bwd", "tol_fwd", "tol_bwd", "passed")}}
+            for r in rows if r["mode"] == "auto"]
+    for e in registry.baselines():
+        impl = gdn.impl() if e.name == "fla-gdn" else f"{e.name}:lib"
+        recs += [{"kind": "parity", "variant": e.name, "impl": impl, "env": env,
+                  "params": {"T": T, "B": B, "D": D, "dtype": dt, "seed": 0},
+                  "metrics": {"errors": {}, "max_fwd": 1e-3, "max_bwd": 1e-3, "tol_fwd": 1e-2, "tol_bwd": 1e-2,
+                              "passed": True}} for dt in e.dtypes for T, B, D in e.test_shapes]
+    for level, tps in TOKENS.items():
+        for dt in (("float16", "bfloat16") if level in ("gru", "lstm") else ("bfloat16",)):
+            impl = "cuda:persistent" if level == "E1" else \
+                "fla-0.6.0:chunk+dqkwg-torch" if level == "fla-gdn" else f"{level}:{dt}"
+            recs += [{**_bench_record(level, impl, dt, B, D, tps * (2 if dt == "float16" else 1), None),
+                      "env": env} for B in (4, 16) for D in (512, 1024)]
+    records.write([{k: v for k, v in r.items() if k != "run"} for r in recs], folder)
+
+
+def test_beside_e1_and_what_ran_for_fla_gdn_from_records(tmp_path):
+    from elman import records
+
+    _fake_run(tmp_path / "run")
+    recs = records.read([tmp_path / "run"])
+    bench = report.with_ratio_to_e1(report.layer_benchmarks(recs))
+    table = report.beside_e1(bench)
+    assert [(r["B"], r["D"]) for r in table] == [(4, 512), (16, 512), (4, 1024), (16, 1024)]
+    assert table[0] == {"B": 4, "T": 512, "D": 512, "E1 tokens/s": 100.0, "mamba2 / E1": 0.5, "fla-gdn / E1": 0.4,
+                        "gru fp16 / E1": 0.2, "gru bf16 / E1": 0.1, "lstm fp16 / E1": 0.16, "lstm bf16 / E1": 0.08,
+                        "llama / E1": 2.0}
+    ran = {(r["check"], r["mode"]): r for r in report.fla_gdn_runs(recs, report.verify_rows([tmp_path / "run"]))}
+    assert set(ran) == {("scripts/verify_gdn.py", "auto"), ("scripts/verify_gdn.py", "triton-unguarded"),
+                        ("elman parity", ""), ("elman bench", "")}
+    auto, unguarded = ran["scripts/verify_gdn.py", "auto"], ran["scripts/verify_gdn.py", "triton-unguarded"]
+    assert (auto["cases"], auto["passed"], auto["PyTorch dqkwg calls"]) == (4, 4, 12)
+    assert auto["chunk_bwd_dqkwg"].startswith("PyTorch") and unguarded["passed"] == 0
+    assert ran["elman bench", ""]["cases"] == 4 and ran["elman bench", ""]["passed"] is None
+    assert ran["elman parity", ""]["cases"] == 6 and ran["elman parity", ""]["passed"] == 6
+    # E1 alone (a run without baselines) is no comparison
+    assert report.layer_benchmarks([r for r in recs if r["variant"] == "E1"]) == []
+
+
+def test_chapter_shows_a_runs_baselines_beside_e1(tmp_path):
+    """The Baselines chapter as papermill runs it with `-p runs_dir <run>` (here on the CPU,
+    quick, with the GPU run's records written by hand): the table of every baseline beside
+    E1, the verify_gdn table and what ran for fla-gdn, all from that run."""
+    import nbformat
+    import papermill
+
+    _fake_run(tmp_path / "run")
+    chapter = ROOT / "book" / "chapters" / "baselines.ipynb"
+    out = tmp_path / "out.ipynb"
+    papermill.execute_notebook(str(chapter), str(out), kernel_name="python3", cwd=str(chapter.parent),
+                               parameters={"quick": True, "device": "cpu", "runs_dir": str(tmp_path / "run")},
+                               progress_bar=False, execution_timeout=600)
+    outputs = [o for c in nbformat.read(out, as_version=4).cells for o in c.get("outputs", [])]
+    assert not [o for o in outputs if o.output_type == "error"]
+    html = "\n".join(o.get("data", {}).get("text/html", "") for o in outputs)
+    text = "\n".join(o.get("text", "") for o in outputs)
+    for column in ("E1 tokens/s", "mamba2 / E1", "fla-gdn / E1", "gru fp16 / E1", "gru bf16 / E1",
+                   "lstm fp16 / E1", "lstm bf16 / E1", "llama / E1"):
+        assert f"<th>{column}</th>" in html, column
+    assert f"run run on {GPU}" in text and "no GPU run" not in text
+    assert "<td>triton-unguarded</td>" in html and "<td>FAIL</td>" in html    # the verify table
+    assert "PyTorch (elman.baselines.gdn.chunk_bwd_dqkwg)" in html             # what ran for fla-gdn
+    assert "<td>fla-0.6.0:chunk+dqkwg-torch</td>" in html

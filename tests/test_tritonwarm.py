@@ -153,12 +153,12 @@ def test_jobs_cover_both_libraries_and_every_call_of_the_later_stages():
     calls = _calls(jobs)
     for level in ("mamba2", "fla-gdn"):
         e = registry.get(level)
-        assert {("parity", level, dt, T, B, D, 1.0) for dt in e.dtypes for T, B, D in e.test_shapes} <= calls
+        assert {("parity", level, dt, T, B, D, 2.0) for dt in e.dtypes for T, B, D in e.test_shapes} <= calls
         assert {("layer", level, "bfloat16", bench.T_DEFAULT, B, D, 1.0)
                 for B in bench.SHAPES_B for D in bench.SHAPES_D} <= calls
         assert ("layer", level, "float32", *tritonwarm.CHAPTER_LAYER) in calls
     verify = [j for j in jobs if "verify" in j.groups]
-    assert {(j.dtype, j.T, j.B, j.D) for j in verify} == \
+    assert {(j.dtype, j.T, j.B, j.D, j.expansion) for j in verify} == \
         {(dt, *s) for dt in gdn.VERIFY_DTYPES for s in gdn.VERIFY_SHAPES}
     assert all(j.mode == "triton-unguarded" and j.level == "fla-gdn" for j in verify)
     assert [j.size for j in jobs] == sorted(j.size for j in jobs)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import os
 import queue
 import random
@@ -71,8 +72,8 @@ class Job:
     call "layer": `entry.layer(D, expansion, backend="cuda")` on y [B, T, D] (fp32), under
     autocast to `dtype` unless it is float32, first under no_grad (as `elman bench` times
     the forward), then forward + backward. call "parity": the fast path of each of the
-    entry's parity cases at (T, B, D) with its inputs in `dtype` and a random upstream
-    gradient, as `elman parity` and scripts/verify_gdn.py run it. `mode` is fla-gdn's
+    entry's parity cases at (T, B, D, expansion) with its inputs in `dtype` and a random
+    upstream gradient, as `elman parity` and scripts/verify_gdn.py run it. `mode` is fla-gdn's
     chunk_bwd_dqkwg mode (None: the environment's, as `elman parity` runs); "triton-unguarded"
     runs every kernel the other modes run and FLA's Triton chunk_bwd_dqkwg besides."""
 
@@ -110,11 +111,12 @@ def _group_jobs(group: str, levels: tuple[str, ...]) -> list[Job]:
                     for D in bench.SHAPES_D for B in bench.SHAPES_B]
         elif group == "parity":     # `elman parity`: the registry's test shapes and dtypes
             e = registry.get(level)
-            out += [Job("parity", level, dt, T, B, D) for dt in e.dtypes for T, B, D in e.test_shapes]
+            out += [Job("parity", level, dt, T, B, D, default_expansion(e))
+                    for dt in e.dtypes for T, B, D in e.test_shapes]
         elif group == "verify" and level == "fla-gdn":   # scripts/verify_gdn.py's defaults
             mode = UNGUARDED if UNGUARDED in gdn.VERIFY_MODES else None
-            out += [Job("parity", level, dt, T, B, D, mode=mode)
-                    for dt in gdn.VERIFY_DTYPES for T, B, D in gdn.VERIFY_SHAPES]
+            out += [Job("parity", level, dt, T, B, D, e, mode=mode)
+                    for dt in gdn.VERIFY_DTYPES for T, B, D, e in gdn.VERIFY_SHAPES]
         elif group == "chapters":   # the Baselines chapter's layer check on the GPU (fp32)
             T, B, D, e = CHAPTER_LAYER
             out.append(Job("layer", level, "float32", T, B, D, e))
@@ -123,8 +125,14 @@ def _group_jobs(group: str, levels: tuple[str, ...]) -> list[Job]:
             out += [Job("layer", level, "float32", T, B, D, e),
                     Job("layer", level, "bfloat16", bench.T_DEFAULT, 4, 512)]
             if level == "fla-gdn":
-                out.append(Job("parity", level, "bfloat16", *TEST_GDN_PARITY))
+                out.append(Job("parity", level, "bfloat16", *TEST_GDN_PARITY,
+                               default_expansion(registry.get(level))))
     return [replace(j, groups=(group,)) for j in out]
+
+
+def default_expansion(entry: registry.Entry) -> float:
+    """The expansion an entry's parity builder uses when `elman parity` calls it."""
+    return inspect.signature(entry.parity).parameters["expansion"].default
 
 
 def jobs(groups: tuple[str, ...] | list[str] = GROUPS, levels: tuple[str, ...] | list[str] = LEVELS) -> list[Job]:
@@ -217,7 +225,7 @@ def run_job(job: Job, device: str = "cuda") -> None:
             out.backward(torch.randn_like(out))
         else:
             generator = torch.Generator(device=device).manual_seed(0)
-            for case in entry.parity(job.T, job.B, job.D, dt, device, generator):
+            for case in entry.parity(job.T, job.B, job.D, dt, device, generator, expansion=job.expansion):
                 inputs = {k: v.detach().to(dt).requires_grad_(v.requires_grad) for k, v in case.inputs.items()}
                 outs = case.fast(**inputs)
                 torch.autograd.backward(outs, [torch.randn_like(o) for o in outs])

@@ -130,7 +130,8 @@ ENTRY = register(Entry(
     title="Llama block (RoPE, causal SDPA, SwiGLU, RMSNorm)",
     chapter="book/chapters/baselines.ipynb",
     layer_params=layer_params, parity=parity,
-    test_shapes=((1, 1, 64), (7, 3, 128), (100, 2, 256), (512, 4, 512), (512, 8, 1024), (257, 2, 2048)),
+    # B = T = 1; T = 100 (no multiple of the attention kernels' tiles); T = 512 at D = 512
+    test_shapes=((1, 1, 64), (100, 2, 256), (512, 4, 512)),
     tolerance={"float32": Tolerance(1e-5, 1e-5), "bfloat16": Tolerance(1e-2, 2e-2)},
     notes="expansion scales the attention width (heads = int(d e) // 64) and the FFN "
           "(F = 256 ceil(int(8 d e / 3) / 256)); returns branch outputs only",

@@ -99,14 +99,15 @@ def kernel_names(fn: Callable[[], None]) -> list[str]:
 # ---- records ------------------------------------------------------------------------------
 def layer_benchmarks(recs: list[dict]) -> list[dict]:
     """Layer benchmark rows of E1 and the baselines from the one run that has the most
-    baselines (numbers are compared within a run only)."""
+    baselines (numbers are compared within a run only); none where no run has a baseline."""
     recs = [r for r in recs if r["kind"] == "bench" and r["params"].get("measure") == "layer"
             and r["variant"] in LEVELS]
-    if not recs:
-        return []
     runs: dict[str, set] = {}
     for r in recs:
         runs.setdefault(r["run"], set()).add(r["variant"])
+    runs = {run: levels for run, levels in runs.items() if levels - {"E1"}}
+    if not runs:
+        return []
     best = max(runs, key=lambda run: (len(runs[run] - {"E1"}), "E1" in runs[run], run))
     rows = []
     for r in recs:
@@ -127,6 +128,59 @@ def with_ratio_to_e1(rows: list[dict]) -> list[dict]:
     e1 = {(r["B"], r["T"], r["D"]): r["tokens_per_s"] for r in rows if r["level"] == "E1"}
     return [{**r, "vs_E1": r["tokens_per_s"] / e1[(r["B"], r["T"], r["D"])]
              if (r["B"], r["T"], r["D"]) in e1 else None} for r in rows]
+
+
+def _short(dtype: str) -> str:
+    return {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(dtype, dtype)
+
+
+def beside_e1(rows: list[dict]) -> list[dict]:
+    """One row per (B, D) of `with_ratio_to_e1` rows: E1's tokens/s (forward + backward)
+    and every other level's (and dtype's) tokens/s as a multiple of E1's."""
+    dtypes: dict[str, set] = {}
+    for r in rows:
+        dtypes.setdefault(r["level"], set()).add(r["dtype"])
+    out: dict[tuple, dict] = {}
+    for r in rows:
+        row = out.setdefault((r["B"], r["D"]), {"B": r["B"], "T": r["T"], "D": r["D"]})
+        if r["level"] == "E1":
+            row["E1 tokens/s"] = r["tokens_per_s"]
+        else:
+            name = r["level"] if len(dtypes[r["level"]]) == 1 else f"{r['level']} {_short(r['dtype'])}"
+            row[f"{name} / E1"] = r["vs_E1"]
+    return [out[k] for k in sorted(out, key=lambda k: (k[1], k[0]))]
+
+
+DQKWG_PATHS = {"torch": "PyTorch (elman.baselines.gdn.chunk_bwd_dqkwg)", "triton": "FLA's Triton kernel",
+               "triton-unguarded": "FLA's Triton kernel, guard lifted"}
+
+
+def fla_gdn_runs(recs: list[dict], verified: list[dict], run: str | None = None) -> list[dict]:
+    """Exactly what ran for fla-gdn in one run (default: the newest with fla-gdn records or
+    verification rows): per check (each mode of scripts/verify_gdn.py, `elman parity`,
+    `elman bench`) the implementation, who computed chunk_bwd_dqkwg, the cases and how
+    many passed."""
+    mine = [r for r in recs if r["variant"] == "fla-gdn" and r["kind"] in ("parity", "bench")]
+    run = run or max([r["run"] for r in mine] + [r["run"] for r in verified], default=None)
+    groups: dict[tuple, list] = {}
+    for r in verified:
+        if r["run"] == run:
+            groups.setdefault(("scripts/verify_gdn.py", r["mode"], r["impl"]), []).append(
+                (r["passed"], r.get("torch_dqkwg_calls")))
+    for r in mine:
+        if r["run"] == run and r["params"].get("check") != "verify_gdn":
+            check = "elman parity" if r["kind"] == "parity" else "elman bench"
+            groups.setdefault((check, "", r["impl"]), []).append(
+                (r["metrics"].get("passed") if r["kind"] == "parity" else None, None))
+    rows = []
+    for (check, mode, impl), cases in groups.items():
+        path = impl.rsplit("dqkwg-", 1)[-1]
+        calls = [c for _, c in cases if c is not None]
+        rows.append({"check": check, "mode": mode, "impl": impl, "chunk_bwd_dqkwg": DQKWG_PATHS.get(path, path),
+                     "cases": len(cases),
+                     "passed": None if cases[0][0] is None else sum(bool(p) for p, _ in cases),
+                     "PyTorch dqkwg calls": sum(calls) if calls else None, "run": run})
+    return rows
 
 
 def plot_layers(rows: list[dict]):
@@ -197,7 +251,7 @@ def verify_summary(rows: list[dict]) -> list[dict]:
         else:
             result = "FAIL" + (": " + r["error"] if "error" in r else "")
         out.append({"mode": r["mode"], "dqkwg": r["path"], "dtype": r["dtype"], "T": r["T"],
-                    "B": r["B"], "D": r["D"], "heads": r["heads"],
+                    "B": r["B"], "D": r["D"], "expansion": r.get("expansion", 2.0), "heads": r["heads"],
                     "max fwd err": f"{r['max_fwd']:.2e}" if "max_fwd" in r else "",
                     "max grad err": f"{r['max_bwd']:.2e}" if "max_bwd" in r else "",
                     "worst gradient": worst, "result": result})

@@ -171,7 +171,10 @@ def parity_builder(cell: str):
     return parity
 
 
-_SHAPES = ((1, 1, 32), (7, 3, 100), (33, 2, 128), (64, 8, 256), (128, 16, 512), (64, 64, 1024))
+# B = T = 1; T = 33 at a width that is no multiple of 32; T = 512 at D = 512 (these cells
+# contract: with fp16 or bf16 rounding of the state, emulated on the CPU, the relative error
+# at T = 512 equals that at T = 33)
+_SHAPES = ((1, 1, 32), (33, 3, 100), (512, 4, 512))
 for _cell, _cls, _title in (("gru", GRU, "GRU (cuDNN, torch.nn.GRU)"),
                             ("lstm", LSTM, "LSTM (cuDNN, torch.nn.LSTM)")):
     register(Entry(
