@@ -1,29 +1,35 @@
 """`elman warm`: compile the baselines' Triton kernels in parallel before anything is timed.
 
 mamba2 (mamba-ssm's SSD scan and gated norm) and fla-gdn (flash-linear-attention's chunked
-Gated DeltaNet) run Triton kernels under `triton.autotune`. The first call at a new
-specialisation compiles every config of every such kernel, one after the other, in the
-calling process: on the GPU host (16 cores) the GPU tests spent nine minutes on one core
-doing that. A kernel is compiled once per (specialisation, config), where the
-specialisation is its constexpr arguments (for FLA: the head count H and widths K, V, the
-chunk BT; for mamba-ssm: head width, state size, chunk), the dtypes of its tensors and, for
-integer arguments not marked `do_not_specialize`, whether they equal 1 or are multiples of
-16; the compiled binary goes into Triton's on-disk cache ($TRITON_CACHE_DIR, default
-~/.triton/cache) under a key that does not depend on the process.
+Gated DeltaNet, short convolution, norms) run Triton kernels under `triton.autotune`. The
+first call at a new specialisation compiles every config of every such kernel, one after
+the other, in the calling process: on the GPU host (16 cores) the GPU tests spent nine
+minutes on one core doing that. A kernel is compiled once per (specialisation, config) and
+the binary goes into Triton's on-disk cache ($TRITON_CACHE_DIR, default ~/.triton/cache)
+under a key that does not depend on the process. The specialisation is the kernel's
+constexpr arguments, its tensors' dtypes and, for integer arguments not marked
+`do_not_specialize`, whether they equal 1 or are multiples of 16. Read off both libraries
+(Triton's own argument binder, run on the CPU over these calls): every one of B, T and D
+reaches it. FLA makes the head count H and the widths K, V constexpr (so every D, and the
+value width that the expansion sets, is its own set of kernels), B constexpr in its chunk
+cumsum and the number of row blocks (from B T) constexpr in its norms; mamba-ssm passes
+batch, length and head counts as specialised integers (B = 4 differs from B = 16 in 12 of
+20 kernels) and ceil(B T / SMs) rows per program to its norm backward (B = 16 and 64
+differ there). So the jobs are exactly the later stages' calls (`jobs`), deduplicated.
 
-`elman warm` runs the same calls as the later GPU stages (the jobs: one per distinct call,
-see `jobs`) in N worker processes. Worker i patches `triton.runtime.autotuner.Autotuner`
-(FLA's `CachedAutotuner` subclasses it and overrides only `run`, which first looks up
-FLA's own config files, FLA_CACHE_MODE, exactly as in the process that times) so that each
-autotuned kernel keeps only worker i's share of its configs (`share`) and runs each once,
-timing nothing: together the workers compile every config once, in parallel. Workers
-start at different jobs (worker i at job i * J / N), so that a config that two workers
-share (kernels with fewer configs than workers) is mostly compiled by one and read from the
-disk cache by the other, and so that the largest inputs are not all alive at once. Workers
-never persist autotuning results (their timings mean nothing on a shared GPU): the
-autotuner's disk cache is off in them (TRITON_CACHE_AUTOTUNING=0, FLA_CACHE_RESULTS=0, and
-`cache_results` cleared on every autotuner). The process that times afterwards autotunes
-as usual and finds every config compiled.
+`elman warm` runs those calls in N worker processes. Worker i patches
+`triton.runtime.autotuner.Autotuner` (FLA's `CachedAutotuner` subclasses it and overrides
+only `run`, which first looks up FLA's own config files, FLA_CACHE_MODE, exactly as in the
+process that times) so that each autotuned kernel keeps only worker i's share of its
+configs (`share`: config i mod n where a kernel has n <= N configs, else configs i, i + N,
+...) and runs each once, timing nothing: together the workers compile every config once,
+in parallel. Workers start at different jobs (worker i at job i J / N), so that a config
+two workers share is mostly compiled by one and read from the disk cache by the other, and
+so that the largest inputs are not all alive at once. Workers never persist autotuning
+results (their timings would mean nothing on a shared GPU): the autotuner's disk cache is
+off in them (TRITON_CACHE_AUTOTUNING=0, FLA_CACHE_RESULTS=0, which FLA 0.6.0 otherwise
+turns on, and `cache_results` cleared on every autotuner). The process that times
+afterwards autotunes as usual and finds every config compiled.
 
     elman warm                      # every group, one worker per CPU (at most 16)
     elman warm --groups verify parity bench -j 16
