@@ -203,8 +203,10 @@ _FAKE_WORKER = textwrap.dedent("""
         if i == 1 and k == 1:
             print("Traceback: the compiler of worker one broke", file=sys.stderr)
             sys.exit(3)
-        print(f"ok {k} 0.{k}", flush=True)
+        print(f"FAIL {k} 0.5 RuntimeError: no config fits" if i == 2 and k == 0 else f"ok {k} 0.{k}", flush=True)
+        print("a library's stray line", flush=True)
         time.sleep(0.05)
+    sys.exit(1 if i == 2 else 0)
 """)
 
 
@@ -214,11 +216,13 @@ def test_parent_reports_a_failing_worker_and_waits_for_the_others(tmp_path, monk
                         lambda i, n, args: [sys.executable, "-c", _FAKE_WORKER, str(i), str(len(todo))])
     failed = tritonwarm.run_workers(3, todo, argparse.Namespace(), tmp_path)
     out = capsys.readouterr().out
-    assert failed == 1
+    assert failed == 2
     assert "worker 1 exited with 3" in out and "the compiler of worker one broke" in out
     for i in (0, 2):   # the others ran every job, one line each
         assert sum(line.startswith(f"[warm] worker  {i} ") for line in out.splitlines()) == len(todo)
     assert f"[warm] worker  0 {todo[0]}:    0.0 s" in out
+    assert f"[warm] worker  2 {todo[0]}:    0.5 s  FAILED: RuntimeError: no config fits" in out
+    assert "worker 2 exited with 1" in out and "stray" not in out
 
 
 @pytest.mark.parametrize("stages,groups", [("warm baselines", "verify, parity, bench"), ("warm gdn", "verify")])

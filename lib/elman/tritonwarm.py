@@ -43,6 +43,7 @@ import inspect
 import os
 import queue
 import random
+import re
 import subprocess
 import sys
 import tempfile
@@ -69,6 +70,7 @@ CHAPTER_LAYER = (512, 4, 512, 1.0)               # (T, B, D, expansion)
 TEST_LAYER = (100, 2, 256, 2.0)
 TEST_GDN_PARITY = (130, 2, 256)
 OOM_RETRIES = 4
+PROTOCOL = re.compile(r"(ok|FAIL) (\d+) ([\d.]+)(?: (.*))?")  # a worker's line per finished job
 
 
 @dataclass(frozen=True)
@@ -328,10 +330,11 @@ def run_workers(n: int, todo: list[Job], args: argparse.Namespace, log_dir: Path
         if line is None:
             open_pipes -= 1
             continue
-        status, index, seconds, *error = line.split(" ", 3)
-        if status not in ("ok", "FAIL"):
+        m = PROTOCOL.fullmatch(line)
+        if not m:
             continue
-        note = "" if status == "ok" else "  FAILED: " + " ".join(error)
+        status, index, seconds, error = m.groups()
+        note = "" if status == "ok" else f"  FAILED: {error}"
         bar.write(f"[warm] worker {i:2d} {todo[int(index)]}: {float(seconds):6.1f} s{note}")
         bar.update(1)
     bar.close()
