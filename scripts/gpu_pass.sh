@@ -77,7 +77,10 @@ warm_stage() {
   if [ ${#groups[@]} -eq 0 ]; then echo "warm: no stage of this pass runs the baselines' Triton kernels"; return 0; fi
   python3 -m elman warm --groups "${groups[@]}" ${WARM_ARGS:-}
 }
-parity_stage() { python3 -m elman parity; }
+# The variants only: the baselines' parity (Triton kernels to compile) is the baselines stage's.
+parity_stage() {
+  python3 -m elman parity --levels $(python3 -c "from elman import registry; print(' '.join(e.name for e in registry.variants()))")
+}
 bench_stage() { python3 -m elman bench --primitives ${QUICK:+--quick} ${BENCH_ARGS:-}; }
 sanitize() {  # compute-sanitizer on the persistent kernels (racecheck on the small shapes)
   local cs; cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
