@@ -16,6 +16,8 @@ import triton
 import triton.language as tl
 from triton.runtime.autotuner import Autotuner
 
+import torch
+
 from elman import bench, registry, tritonwarm
 from elman.baselines import gdn
 
@@ -235,3 +237,48 @@ def test_gpu_pass_warms_for_the_stages_that_follow(tmp_path, stages, groups):
                           capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert f"jobs ({groups}) in" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert "stage warm ok" in proc.stdout
+
+
+def test_out_of_memory_recognises_every_library_s_message():
+    assert tritonwarm.out_of_memory(torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate"))
+    assert tritonwarm.out_of_memory(RuntimeError("Triton Error [CUDA]: out of memory"))
+    assert tritonwarm.out_of_memory(RuntimeError(
+        "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"))
+    assert not tritonwarm.out_of_memory(RuntimeError("CUDA error: an illegal memory access was encountered"))
+    assert not tritonwarm.out_of_memory(ValueError("out of memory"))
+
+
+def test_oom_from_triton_is_retried_and_other_errors_are_not(monkeypatch):
+    calls = []
+
+    def flaky(job):
+        calls.append(job)
+        if len(calls) < 3:
+            raise RuntimeError("Triton Error [CUDA]: out of memory")
+
+    monkeypatch.setattr(tritonwarm, "run_job", flaky)
+    monkeypatch.setattr(tritonwarm.time, "sleep", lambda s: None)
+    tritonwarm._run_with_retries("job")
+    assert len(calls) == 3
+
+    def broken(job):
+        calls.append(job)
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    calls.clear()
+    monkeypatch.setattr(tritonwarm, "run_job", broken)
+    with pytest.raises(RuntimeError, match="illegal"):
+        tritonwarm._run_with_retries("job")
+    assert len(calls) == 1
+
+
+def test_default_workers_fit_the_gpu_memory(monkeypatch):
+    class Props:
+        total_memory = 80 * 10**9  # an 80 GB H100: 74.5 GiB
+
+    monkeypatch.setattr(tritonwarm.os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: Props())
+    assert tritonwarm.default_workers() == 74 // tritonwarm.WORKER_GIB
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert tritonwarm.default_workers() == min(16, tritonwarm.MAX_WORKERS)

@@ -70,6 +70,7 @@ CHAPTER_LAYER = (512, 4, 512, 1.0)               # (T, B, D, expansion)
 TEST_LAYER = (100, 2, 256, 2.0)
 TEST_GDN_PARITY = (130, 2, 256)
 OOM_RETRIES = 4
+WORKER_GIB = 12  # GPU memory one worker may need (the largest jobs held up to 10 GiB)
 PROTOCOL = re.compile(r"(ok|FAIL) (\d+) ([\d.]+)(?: (.*))?")  # a worker's line per finished job
 
 
@@ -241,13 +242,23 @@ def run_job(job: Job, device: str = "cuda") -> None:
         torch.cuda.synchronize()
 
 
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether `exc` says the GPU's memory ran out: PyTorch's own error, or the RuntimeError
+    that Triton (`Triton Error [CUDA]: out of memory`) or cuBLAS (`CUBLAS_STATUS_ALLOC_FAILED`)
+    raise when another worker holds the memory."""
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("out of memory" in text or "ALLOC_FAILED" in text)
+
+
 def _run_with_retries(job: Job) -> None:
     """Out of memory (the other workers hold theirs): free, wait a moment, again."""
     for attempt in range(OOM_RETRIES + 1):
         try:
             return run_job(job)
-        except torch.cuda.OutOfMemoryError:
-            if attempt == OOM_RETRIES:
+        except RuntimeError as exc:
+            if not out_of_memory(exc) or attempt == OOM_RETRIES:
                 raise
             torch.cuda.empty_cache()
             time.sleep(random.uniform(2, 8))
@@ -347,13 +358,20 @@ def run_workers(n: int, todo: list[Job], args: argparse.Namespace, log_dir: Path
 
 
 def default_workers() -> int:
-    return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                      else os.cpu_count() or 1))
+    """The CPUs, at most MAX_WORKERS, and at most one per WORKER_GIB of GPU memory: on the
+    H100 (80 GB) 16 workers ran out of memory at B=64, D=2048 (run 20261122T095056Z), where
+    one worker held up to 10 GiB."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    n = min(MAX_WORKERS, cpus)
+    if torch.cuda.is_available():
+        n = min(n, int(torch.cuda.get_device_properties(0).total_memory / 2**30 // WORKER_GIB))
+    return max(1, n)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-j", "--jobs", type=int, default=default_workers(),
-                   help=f"worker processes (default: the CPUs, at most {MAX_WORKERS})")
+                   help=f"worker processes (default: the CPUs, at most {MAX_WORKERS} and one per "
+                        f"{WORKER_GIB} GiB of GPU memory)")
     p.add_argument("--groups", nargs="+", default=list(GROUPS), choices=GROUPS,
                    help="the later stages to compile for: verify (scripts/verify_gdn.py), parity "
                         "(elman parity), bench (elman bench), chapters (the Baselines chapter), "
