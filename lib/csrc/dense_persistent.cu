@@ -1,26 +1,28 @@
-// Persistent kernels of the dense family (bf16, sm_90): one launch runs the whole sequence.
+// Persistent kernels of the dense family (bf16, sm_90a): one launch runs the whole sequence.
 //
 // A thread-block cluster of C = D / 64 CTAs holds W_h (forward) or W_h^T (backward) in
-// registers for the whole sequence: CTA r owns rows [64 r, 64 r + 64); its 16 warps form a
-// 2 x 8 grid, warp (m, k) holding rows [32 m, 32 m + 32) of the slice for one eighth of the
-// columns as mma.sync A fragments. Each cluster
-// owns `bc` (8 or 16) batch columns; clusters never talk to each other. Per step a CTA
+// registers for the whole sequence: CTA r owns rows [64 r, 64 r + 64); its 16 warps form
+// 4 warpgroups, warpgroup g holding those 64 rows for one quarter of the columns,
+// [g D / 4, (g + 1) D / 4), as the register A operand of wgmma (warp w of the group: rows
+// [16 w, 16 w + 16)). Each cluster owns `bc` (8 or 16) batch columns; clusters never talk
+// to each other. Per step a CTA
 //   1. multiplies its rows by the previous state (all D rows, bf16, in shared memory) with
-//      mma.m16n8k16 (fp32 accumulate), one partial per warp; before each k-step a warp waits
-//      only for the slice of the CTA that owns those columns (one mbarrier per source CTA),
-//      so early slices are multiplied while later ones are still arriving;
-//   2. sums the 8 partials of each row and applies the epilogue (bias, tanh, gate; or in
-//      backward the gate and tanh gradients), writing outputs to global memory and its
-//      64-row slice of the new state to a global staging slot;
+//      wgmma.m64n{bc}k16 (fp32 accumulate), one partial per warpgroup; before the k-steps
+//      of a slice a warpgroup waits only for the CTA that owns those columns (one mbarrier
+//      per source CTA), so early slices are multiplied while later ones are still arriving;
+//   2. sums the 4 partials of each row and applies the epilogue (bias, tanh, gate; or in
+//      backward the gate and tanh gradients), writing its 64-row slice of the new state to
+//      a global staging slot first and the outputs to global memory after;
 //   3. publishes the slice: one thread issues a bulk copy that multicasts the slot from L2
 //      into the other half of the state double buffer of every CTA of the cluster, counted
 //      in bytes on each receiver's mbarrier of this source. (Measured: this all-gather costs
 //      about half of st.async stores into every peer, because the slice leaves the SM once.)
 // No cluster-wide barrier runs per step. The double buffer is safe: a CTA publishes state
 // s + 2 into the buffer that held state s only after it received state s + 1 from every
-// CTA, and each CTA publishes s + 1 only after it finished reading s. A state buffer is
-// laid out [source CTA][batch column][64 + 8 padding], so that each source's slice is one
-// contiguous block and the mma B-fragment loads hit 32 distinct banks.
+// CTA, and each CTA publishes s + 1 only after its wgmma reads of s completed (wait_group 0).
+// A state buffer is laid out as wgmma's K-major operand without swizzle:
+// [source CTA][k / 8][batch column][k % 8], so each source's slice is one contiguous block
+// and every 8 x 8 core matrix is 128 contiguous bytes.
 // Per-step inputs (W_x x and z, or d_out, h and z) are staged one step ahead with cp.async.
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
@@ -36,13 +38,10 @@ namespace cg = cooperative_groups;
 namespace elman {
 namespace {
 
-constexpr int kRows = 64;                 // rows of W_h per CTA (4 mma m-tiles)
+constexpr int kRows = 64;                 // rows of W_h per CTA (one wgmma m64 tile)
 constexpr int kWarps = 16;
 constexpr int kThreads = kWarps * 32;
-constexpr int kSrcRow = kRows + 8;        // bf16 per (source, batch column) row of a state
-                                          // buffer: 64 values and 8 of padding (bank spread)
-constexpr int kKGroups = 8;               // warps splitting the columns
-constexpr int kMTiles = 2;                // 16-row mma tiles per warp (2 x 16 = half the rows)
+constexpr int kKGroups = 4;               // warpgroups splitting the columns
 constexpr int kRedStride = kRows + 4;     // floats per (k-group, batch) row of partial sums
 
 struct Args {
@@ -59,7 +58,7 @@ struct Args {
   __nv_bfloat16* dv;                      // backward: [T][B][D]
   __nv_bfloat16* dz;                      // backward: [T][B][D]
   __nv_bfloat16* dh0;                     // backward: [B][D]
-  __nv_bfloat16* xchg;                    // [clusters][ranks][2][bc][kSrcRow]: published slices
+  __nv_bfloat16* xchg;                    // [clusters][ranks][2][bc * 64]: published slices
   long long* trace;                       // optional: per-step phase clocks of CTA 0
 };
 
@@ -90,13 +89,51 @@ __device__ __forceinline__ void stamp(const Args& p, int slot) {
 __device__ __forceinline__ uint32_t pack(__nv_bfloat16 lo, __nv_bfloat16 hi) {
   return uint32_t(__bfloat16_as_ushort(lo)) | (uint32_t(__bfloat16_as_ushort(hi)) << 16);
 }
-__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                    uint32_t b1) {
+// wgmma shared-memory matrix descriptor, no swizzle: start address, the byte distance
+// between core matrices along K (leading) and along N (stride), all in units of 16 bytes.
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t k_stride, uint32_t n_stride) {
+  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(k_stride >> 4) << 16) |
+         (uint64_t(n_stride >> 4) << 32);
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+// The accumulators are written asynchronously: keep the compiler from moving their uses
+// across wgmma_wait.
+template <int N>
+__device__ __forceinline__ void fence_operands(float (&c)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(c[i])::"memory");
+}
+// D (64 x 8 NT, fp32) = A (64 x 16, bf16 registers) B (16 x 8 NT, bf16 K-major in shared
+// memory) + (accumulate ? D : 0).
+template <int NT>
+__device__ __forceinline__ void wgmma(float (&d)[NT * 4], const uint32_t (&a)[4], uint64_t b,
+                                      bool accumulate);
+template <>
+__device__ __forceinline__ void wgmma<1>(float (&d)[4], const uint32_t (&a)[4], uint64_t b,
+                                         bool accumulate) {
   asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+      "{\n .reg .pred p;\n setp.ne.b32 p, %9, 0;\n"
+      " wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, "
+      "p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate)));
+}
+template <>
+__device__ __forceinline__ void wgmma<2>(float (&d)[8], const uint32_t (&a)[4], uint64_t b,
+                                         bool accumulate) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %13, 0;\n"
+      " wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7}, "
+      "{%8,%9,%10,%11}, %12, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate)));
 }
 
 // ---- the per-CTA machinery shared by forward and backward ---------------------------------
@@ -106,15 +143,16 @@ struct Cta {
   static constexpr int kBc = NT * 8;
   static constexpr int kDim = KS * 256;
   static constexpr int kRanks = kDim / kRows;                  // CTAs of the cluster
-  static constexpr int kSteps = kDim / kKGroups / 16;          // mma k-steps per warp
-  static constexpr int kBlock = kBc * kSrcRow;                // one source's slice in a buffer
+  static constexpr int kSteps = kDim / kKGroups / 16;          // wgmma k-steps per warpgroup
+  static constexpr int kStepsPerSource = kSteps < 4 ? kSteps : 4;  // k-steps per source slice
+  static constexpr int kBlock = kBc * kRows;                   // one source's slice in a buffer
   static constexpr int kStateElems = kRanks * kBlock;         // one state buffer
   static constexpr int kSlice = kBc * kRows;                   // one CTA's slice, elements
   static constexpr uint32_t kBlockBytes = kBlock * 2;
   static constexpr int kPerThread = kSlice / kThreads;         // outputs per thread (= NT)
   static constexpr int kChunks = kSlice / 8;                   // 16-byte chunks per slice
 
-  // Shared memory: state[2][source][n][kSrcRow] | red | stage[2][kIn] | mbar[2][source]
+  // Shared memory: state[2][source][k / 8][n][8] | red | stage[2][kIn] | mbar[2][source]
   static constexpr int kRedOffset = 2 * kStateElems * 2;
   static constexpr int kStageOffset = kRedOffset + kKGroups * kBc * kRedStride * 4;
   static constexpr int kBarOffset = kStageOffset + 2 * kIn * kSlice * 2;
@@ -123,7 +161,7 @@ struct Cta {
   // Shared memory is addressed from one base, so the layout costs no registers.
   unsigned char* base;
   int rank, row0, n0;
-  uint32_t a[kMTiles][kSteps][4];  // A fragments: [m-tile][k-step][reg]
+  uint32_t a[kSteps][4];  // this warp's A fragments: [k-step][reg]
 
   __device__ __nv_bfloat16* state() const { return reinterpret_cast<__nv_bfloat16*>(base); }
   __device__ float* red() const { return reinterpret_cast<float*>(base + kRedOffset); }
@@ -132,8 +170,8 @@ struct Cta {
   }
   __device__ uint64_t* bar() const { return reinterpret_cast<uint64_t*>(base + kBarOffset); }
   __device__ static int lane() { return int(threadIdx.x) & 31; }
-  __device__ static int kgroup() { return (int(threadIdx.x) >> 5) % kKGroups; }
-  __device__ static int mrow0() { return (int(threadIdx.x) >> 5) / kKGroups * kMTiles * 16; }
+  __device__ static int kgroup() { return int(threadIdx.x) >> 7; }           // warpgroup
+  __device__ static int mrow0() { return ((int(threadIdx.x) >> 5) & 3) * 16; }  // its warp's rows
 
   __device__ Cta(unsigned char* smem, const cg::cluster_group& cluster) : base(smem) {
     rank = int(cluster.block_rank());
@@ -147,25 +185,26 @@ struct Cta {
   __device__ const __nv_bfloat16* inputs(int i) const { return stage() + (i & 1) * kIn * kSlice; }
   // Element k of batch column n of buffer i (the layout the exchange writes).
   __device__ __nv_bfloat16* at(int i, int n, int k) const {
-    return buffer(i) + (k / kRows) * kBlock + n * kSrcRow + k % kRows;
+    return buffer(i) + (k / kRows) * kBlock + offset(n, k % kRows);
   }
+  // Element (n, r) of a slice (r < 64): the K-major core-matrix layout [r / 8][n][r % 8].
+  __device__ static int offset(int n, int r) { return (r >> 3) * (kBc * 8) + n * 8 + (r & 7); }
 
-  // This warp's A fragments of rows [row0, row0 + 64) of W (transposed: of W^T).
+  // This warp's A fragments: rows [row0 + mrow0(), + 16) of W (transposed: of W^T), the
+  // columns of its warpgroup, in the m16k16 fragment layout wgmma takes from registers.
   __device__ void load_weights(const __nv_bfloat16* w, bool transposed) {
     const int g = lane() >> 2, q = lane() & 3;
     const int k0 = kgroup() * (kDim / kKGroups);
 #pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt)
+    for (int s = 0; s < kSteps; ++s)
 #pragma unroll
-      for (int s = 0; s < kSteps; ++s)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int row = row0 + mrow0() + mt * 16 + g + ((r & 1) ? 8 : 0);
-          const int col = k0 + s * 16 + 2 * q + ((r & 2) ? 8 : 0);
-          const size_t lo = transposed ? size_t(col) * kDim + row : size_t(row) * kDim + col;
-          const size_t hi = transposed ? size_t(col + 1) * kDim + row : size_t(row) * kDim + col + 1;
-          a[mt][s][r] = pack(w[lo], w[hi]);
-        }
+      for (int r = 0; r < 4; ++r) {
+        const int row = row0 + mrow0() + g + ((r & 1) ? 8 : 0);
+        const int col = k0 + s * 16 + 2 * q + ((r & 2) ? 8 : 0);
+        const size_t lo = transposed ? size_t(col) * kDim + row : size_t(row) * kDim + col;
+        const size_t hi = transposed ? size_t(col + 1) * kDim + row : size_t(row) * kDim + col + 1;
+        a[s][r] = pack(w[lo], w[hi]);
+      }
   }
 
   // The staged [T][B][D] inputs, read from the kernel parameters when needed (they cost no
@@ -204,51 +243,44 @@ struct Cta {
     mbar_wait(&bar()[((e + 1) & 1) * kRanks + src], (e >> 1) & 1);
   }
 
-  // Partial products of this warp's rows and columns with state buffer i, into
+  // Partial products of this warpgroup's columns with state buffer i, into
   // red[k-group][n][row]. With `e` >= 0 the buffer is being filled by exchange e: before
-  // each k-step the warp waits for the slice of the CTA that owns those columns, so the
+  // the k-steps of a slice the warpgroup waits for the CTA that owns those columns, so the
   // multiply of early slices overlaps the arrival of later ones. `first` runs after the
   // first wait.
   template <class First>
   __device__ void multiply(int i, int e, First first) {
-    const __nv_bfloat16* src = buffer(i);
+    const uint32_t src = smem_u32(buffer(i));
     const int g = lane() >> 2, q = lane() & 3;
     const int k0 = kgroup() * (kDim / kKGroups);
-    float acc[kMTiles][NT][4];
+    float acc[NT * 4];
+    // One commit group per source slice, issued after its wait: the wait loops stay outside
+    // the runs of wgmma, so the compiler keeps them asynchronous.
 #pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt)
+    for (int c = 0; c < kSteps / kStepsPerSource; ++c) {
+      const int col0 = k0 + c * kRows;
+      if (e >= 0) wait_source(e, col0 / kRows);
+      if (c == 0 && e >= 0) first();
+      wgmma_fence();
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) acc[mt][nt][r] = 0.f;
-#pragma unroll
-    for (int s = 0; s < kSteps; ++s) {
-      const int col = k0 + s * 16;
-      if (e >= 0 && (s == 0 || col % kRows == 0)) {
-        wait_source(e, col / kRows);
-        if (s == 0) first();
+      for (int s = 0; s < kStepsPerSource; ++s) {
+        const int col = col0 + s * 16;
+        const uint32_t at = src + 2 * ((col / kRows) * kBlock + offset(0, col % kRows));
+        wgmma<NT>(acc, a[c * kStepsPerSource + s], smem_desc(at, kBc * 16, 128), c + s > 0);
       }
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        const __nv_bfloat16* row = src + (col / kRows) * kBlock + (nt * 8 + g) * kSrcRow +
-                                   col % kRows + 2 * q;
-        const uint32_t b0 = *reinterpret_cast<const uint32_t*>(row);
-        const uint32_t b1 = *reinterpret_cast<const uint32_t*>(row + 8);
-#pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt) mma(acc[mt][nt], a[mt][s], b0, b1);
-      }
+      wgmma_commit();
     }
+    wgmma_wait();
+    fence_operands(acc);
     float* mine = red() + kgroup() * kBc * kRedStride;
 #pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        const int row = mrow0() + mt * 16 + g, col = nt * 8 + 2 * q;
-        mine[col * kRedStride + row] = acc[mt][nt][0];
-        mine[(col + 1) * kRedStride + row] = acc[mt][nt][1];
-        mine[col * kRedStride + row + 8] = acc[mt][nt][2];
-        mine[(col + 1) * kRedStride + row + 8] = acc[mt][nt][3];
-      }
+    for (int nt = 0; nt < NT; ++nt) {
+      const int row = mrow0() + g, col = nt * 8 + 2 * q;
+      mine[col * kRedStride + row] = acc[nt * 4 + 0];
+      mine[(col + 1) * kRedStride + row] = acc[nt * 4 + 1];
+      mine[col * kRedStride + row + 8] = acc[nt * 4 + 2];
+      mine[(col + 1) * kRedStride + row + 8] = acc[nt * 4 + 3];
+    }
   }
 
   __device__ float reduce(int n, int r) const {
@@ -264,7 +296,8 @@ struct Cta {
   __device__ static int out_n(int k) { return (int(threadIdx.x) + k * kThreads) / kRows; }
   __device__ static int out_r(int k) { return (int(threadIdx.x) + k * kThreads) % kRows; }
 
-  // This CTA's slot for exchange e in the global staging buffer: [bc][kSrcRow].
+  // This CTA's slot for exchange e in the global staging buffer: one slice, laid out as in
+  // the state buffers.
   __device__ __nv_bfloat16* slot(const Args& p, int e) const {
     return p.xchg + ((size_t(blockIdx.x) * 2 + ((e + 1) & 1)) * kBlock);
   }
@@ -305,6 +338,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(Args p) {
     const size_t off = size_t(cta.n0 + n) * C::kDim + cta.row0 + r;
     if (cta.n0 + n < p.batch) p.h_all[off] = p.h0[off];
   }
+  fence_async_shared();  // h0 was written by threads and is read by wgmma (the async proxy)
   cluster.sync();  // barriers initialised and h0 in place in every CTA
 
   for (int t = 0; t < p.steps; ++t) {
@@ -320,20 +354,26 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(Args p) {
     mark(p, t, 3);
     const __nv_bfloat16* in = cta.inputs(t);
     __nv_bfloat16* slot = cta.slot(p, t);
+    __nv_bfloat16 hb[C::kPerThread], ob[C::kPerThread];
 #pragma unroll
-    for (int k = 0; k < C::kPerThread; ++k) {
+    for (int k = 0; k < C::kPerThread; ++k) {  // the new state first: it is on the critical path
       const int n = C::out_n(k), r = C::out_r(k), j = n * kRows + r;
       float h, o;
       Epi::forward(cta.reduce(n, r) + to_float(in[j]) + bias[k], to_float(in[C::kSlice + j]), h, o);
-      const __nv_bfloat16 hb = __float2bfloat16_rn(h);
-      slot[n * kSrcRow + r] = hb;
-      if (cta.n0 + n < p.batch) {
-        const size_t off = size_t(cta.n0 + n) * C::kDim + cta.row0 + r;
-        p.out[t * BD + off] = __float2bfloat16_rn(o);
-        p.h_all[(t + 1) * BD + off] = hb;
-      }
+      hb[k] = __float2bfloat16_rn(h);
+      ob[k] = __float2bfloat16_rn(o);
+      slot[C::offset(n, r)] = hb[k];
     }
     fence_async_global();
+#pragma unroll
+    for (int k = 0; k < C::kPerThread; ++k) {
+      const int n = C::out_n(k), r = C::out_r(k);
+      if (cta.n0 + n < p.batch) {
+        const size_t off = size_t(cta.n0 + n) * C::kDim + cta.row0 + r;
+        p.out[t * BD + off] = ob[k];
+        p.h_all[(t + 1) * BD + off] = hb[k];
+      }
+    }
     mark(p, t, 4);
     if (!last) cta.publish(p, t);
     mark(p, t, 5);
@@ -365,8 +405,9 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(Args p) {
     __syncthreads();
     const __nv_bfloat16* in = cta.inputs(u);
     __nv_bfloat16* slot = cta.slot(p, u);
+    __nv_bfloat16 dvb[C::kPerThread], dzb[C::kPerThread];
 #pragma unroll
-    for (int k = 0; k < C::kPerThread; ++k) {
+    for (int k = 0; k < C::kPerThread; ++k) {  // dv first: it is on the critical path
       const int n = C::out_n(k), r = C::out_r(k), j = n * kRows + r;
       const bool live = cta.n0 + n < p.batch;
       const size_t off = size_t(cta.n0 + n) * C::kDim + cta.row0 + r;
@@ -374,14 +415,20 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(Args p) {
       float dv, dz;
       Epi::backward(acc, to_float(in[j]), to_float(in[C::kSlice + j]),
                     to_float(in[2 * C::kSlice + j]), dv, dz);
-      const __nv_bfloat16 dvb = __float2bfloat16_rn(dv);
-      slot[n * kSrcRow + r] = dvb;
-      if (live) {
-        p.dv[t * BD + off] = dvb;
-        p.dz[t * BD + off] = __float2bfloat16_rn(dz);
-      }
+      dvb[k] = __float2bfloat16_rn(dv);
+      dzb[k] = __float2bfloat16_rn(dz);
+      slot[C::offset(n, r)] = dvb[k];
     }
     fence_async_global();
+#pragma unroll
+    for (int k = 0; k < C::kPerThread; ++k) {
+      const int n = C::out_n(k), r = C::out_r(k);
+      if (cta.n0 + n < p.batch) {
+        const size_t off = size_t(cta.n0 + n) * C::kDim + cta.row0 + r;
+        p.dv[t * BD + off] = dvb[k];
+        p.dz[t * BD + off] = dzb[k];
+      }
+    }
     cta.publish(p, u);
   }
   // dh0 = W_h^T dv_0, exchange T - 1.
@@ -476,7 +523,7 @@ PersistentPlan dense_persistent_plan(int batch, int dim, bool backward) {
       plan.clusters = clusters;
       plan.smem = smem;
       plan.max_active = active;
-      plan.xchg_bytes = size_t(clusters) * plan.cluster * 2 * plan.bc * kSrcRow * 2;
+      plan.xchg_bytes = size_t(clusters) * plan.cluster * 2 * plan.bc * kRows * 2;
       if (clusters > active) plan.reason = "more clusters than fit at once: they run in waves";
       return plan;
     }
