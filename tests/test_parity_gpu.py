@@ -72,6 +72,13 @@ def test_bad_inputs_raise_before_launch():
         ext.dense_forward(wx, kw["z"], kw["w_h"], kw["b"], kw["h0"], out, h_all, 0, False)
     with pytest.raises(RuntimeError, match="epilogue"):
         ext.dense_forward(wx.contiguous(), kw["z"], kw["w_h"], kw["b"], kw["h0"], out, h_all, 7, False)
+    with pytest.raises(RuntimeError, match="got 2 dimensions"):
+        ext.dense_forward(wx[0].contiguous(), kw["z"], kw["w_h"], kw["b"], kw["h0"], out, h_all, 0, False)
+    with pytest.raises(RuntimeError, match="does not take B=.*D=100"):
+        x = torch.zeros(T, B, 100, device="cuda", dtype=torch.bfloat16)
+        ext.dense_forward(x, x, torch.zeros(100, 100, device="cuda", dtype=torch.bfloat16),
+                          x[0, 0], x[0], x, torch.zeros(T + 1, B, 100, device="cuda", dtype=torch.bfloat16),
+                          0, True)
 
 
 def test_deterministic():

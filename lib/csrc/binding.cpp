@@ -31,9 +31,15 @@ struct Check {
   }
 };
 
+// Integers go into messages as strings: streaming a 64-bit integer into TORCH_CHECK's
+// message instantiates std::ostream::operator<<(long) in this module, and on the H100 host
+// that copy crashed the process (segfault inside the insertion, run dev-s3a) instead of
+// raising.
+std::string num(int64_t v) { return std::to_string(v); }
+
 Check leading(const at::Tensor& x, const char* name) {
   TORCH_CHECK(x.is_cuda(), name, " must be a CUDA tensor, got one on ", x.device());
-  TORCH_CHECK(x.dim() == 3, name, " must be [T, B, D], got ", x.dim(), " dimensions");
+  TORCH_CHECK(x.dim() == 3, name, " must be [T, B, D], got ", num(x.dim()), " dimensions");
   TORCH_CHECK(x.size(0) >= 1 && x.size(1) >= 1 && x.size(2) >= 1, name,
               " must have T, B, D >= 1, got ", x.sizes());
   TORCH_CHECK(x.size(1) * x.size(2) < (int64_t(1) << 31), "B * D must be below 2^31");
@@ -44,7 +50,7 @@ Check leading(const at::Tensor& x, const char* name) {
 }
 
 void check_epilogue(int64_t epilogue) {
-  TORCH_CHECK(epilogue == elman::kTanhSiluGate, "unknown dense epilogue id ", epilogue);
+  TORCH_CHECK(epilogue == elman::kTanhSiluGate, "unknown dense epilogue id ", num(epilogue));
 }
 
 // The staging buffer of the persistent kernel's state exchange, after checking it takes
@@ -53,7 +59,8 @@ at::Tensor persistent_xchg(const at::Tensor& like, int64_t B, int64_t D, bool ba
   TORCH_CHECK(like.scalar_type() == at::kBFloat16,
               "the persistent kernel is bf16 only; float32 takes path='steps'");
   const auto plan = elman::dense_persistent_plan(int(B), int(D), backward);
-  TORCH_CHECK(plan.ok, "the persistent kernel does not take B=", B, ", D=", D, ": ", plan.reason);
+  TORCH_CHECK(plan.ok, "the persistent kernel does not take B=", num(B), ", D=", num(D), ": ",
+              plan.reason);
   return at::empty({int64_t(plan.xchg_bytes)}, like.options().dtype(at::kByte));
 }
 

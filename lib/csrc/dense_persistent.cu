@@ -144,7 +144,8 @@ struct Cta {
   static constexpr int kDim = KS * 256;
   static constexpr int kRanks = kDim / kRows;                  // CTAs of the cluster
   static constexpr int kSteps = kDim / kKGroups / 16;          // wgmma k-steps per warpgroup
-  static constexpr int kStepsPerSource = kSteps < 4 ? kSteps : 4;  // k-steps per source slice
+  static constexpr int kStepsPerSource = 4;                    // k-steps per source slice
+  static constexpr int kChains = NT == 1 ? 4 : 2;               // independent accumulators
   static constexpr int kBlock = kBc * kRows;                   // one source's slice in a buffer
   static constexpr int kStateElems = kRanks * kBlock;         // one state buffer
   static constexpr int kSlice = kBc * kRows;                   // one CTA's slice, elements
@@ -253,7 +254,9 @@ struct Cta {
     const uint32_t src = smem_u32(buffer(i));
     const int g = lane() >> 2, q = lane() & 3;
     const int k0 = kgroup() * (kDim / kKGroups);
-    float acc[NT * 4];
+    // Independent accumulator chains (k-step s into chain s % kChains): a chain of
+    // dependent wgmma runs at the instruction's latency, not at the tensor cores' rate.
+    float acc[kChains][NT * 4];
     // One commit group per source slice, issued after its wait: the wait loops stay outside
     // the runs of wgmma, so the compiler keeps them asynchronous.
 #pragma unroll
@@ -264,22 +267,27 @@ struct Cta {
       wgmma_fence();
 #pragma unroll
       for (int s = 0; s < kStepsPerSource; ++s) {
-        const int col = col0 + s * 16;
+        const int step = c * kStepsPerSource + s, col = col0 + s * 16;
         const uint32_t at = src + 2 * ((col / kRows) * kBlock + offset(0, col % kRows));
-        wgmma<NT>(acc, a[c * kStepsPerSource + s], smem_desc(at, kBc * 16, 128), c + s > 0);
+        wgmma<NT>(acc[step % kChains], a[step], smem_desc(at, kBc * 16, 128), step >= kChains);
       }
       wgmma_commit();
     }
     wgmma_wait();
-    fence_operands(acc);
+#pragma unroll
+    for (int h = 0; h < kChains; ++h) fence_operands(acc[h]);
+#pragma unroll
+    for (int h = 1; h < kChains; ++h)
+#pragma unroll
+      for (int i = 0; i < NT * 4; ++i) acc[0][i] += acc[h][i];
     float* mine = red() + kgroup() * kBc * kRedStride;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
       const int row = mrow0() + g, col = nt * 8 + 2 * q;
-      mine[col * kRedStride + row] = acc[nt * 4 + 0];
-      mine[(col + 1) * kRedStride + row] = acc[nt * 4 + 1];
-      mine[col * kRedStride + row + 8] = acc[nt * 4 + 2];
-      mine[(col + 1) * kRedStride + row + 8] = acc[nt * 4 + 3];
+      mine[col * kRedStride + row] = acc[0][nt * 4 + 0];
+      mine[(col + 1) * kRedStride + row] = acc[0][nt * 4 + 1];
+      mine[col * kRedStride + row + 8] = acc[0][nt * 4 + 2];
+      mine[(col + 1) * kRedStride + row + 8] = acc[0][nt * 4 + 3];
     }
   }
 
