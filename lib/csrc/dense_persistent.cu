@@ -1,28 +1,27 @@
-// Persistent kernels of the dense family (bf16, sm_90a): one launch runs the whole sequence.
+// Persistent kernels of the dense family (bf16, sm_90): one launch runs the whole sequence.
 //
 // A thread-block cluster of C = D / 64 CTAs holds W_h (forward) or W_h^T (backward) in
-// registers for the whole sequence: CTA r owns rows [64 r, 64 r + 64); its 16 warps form
-// 4 warpgroups, warpgroup g holding those 64 rows for one quarter of the columns,
-// [g D / 4, (g + 1) D / 4), as the register A operand of wgmma (warp w of the group: rows
-// [16 w, 16 w + 16)). Each cluster owns `bc` (8 or 16) batch columns; clusters never talk
-// to each other. Per step a CTA
+// registers for the whole sequence: CTA r owns rows [64 r, 64 r + 64); its 16 warps form a
+// 2 x 8 grid, warp (m, k) holding rows [32 m, 32 m + 32) of the slice for one eighth of the
+// columns as mma.sync A fragments. Each cluster
+// owns `bc` (8 or 16) batch columns; clusters never talk to each other. Per step a CTA
 //   1. multiplies its rows by the previous state (all D rows, bf16, in shared memory) with
-//      wgmma.m64n{bc}k16 (fp32 accumulate), one partial per warpgroup; before the k-steps
-//      of a slice a warpgroup waits only for the CTA that owns those columns (one mbarrier
-//      per source CTA), so early slices are multiplied while later ones are still arriving;
-//   2. sums the 4 partials of each row and applies the epilogue (bias, tanh, gate; or in
+//      mma.m16n8k16 (fp32 accumulate), one partial per warp; before each k-step a warp waits
+//      only for the slice of the CTA that owns those columns (one mbarrier per source CTA),
+//      so early slices are multiplied while later ones are still arriving;
+//   2. sums the 8 partials of each row and applies the epilogue (bias, tanh, gate; or in
 //      backward the gate and tanh gradients), writing its 64-row slice of the new state to
-//      a global staging slot first and the outputs to global memory after;
+//      a global staging slot first and the outputs to global memory after (the fence
+//      before the publish then waits for the slice only);
 //   3. publishes the slice: one thread issues a bulk copy that multicasts the slot from L2
 //      into the other half of the state double buffer of every CTA of the cluster, counted
 //      in bytes on each receiver's mbarrier of this source. (Measured: this all-gather costs
 //      about half of st.async stores into every peer, because the slice leaves the SM once.)
 // No cluster-wide barrier runs per step. The double buffer is safe: a CTA publishes state
 // s + 2 into the buffer that held state s only after it received state s + 1 from every
-// CTA, and each CTA publishes s + 1 only after its wgmma reads of s completed (wait_group 0).
-// A state buffer is laid out as wgmma's K-major operand without swizzle:
-// [source CTA][k / 8][batch column][k % 8], so each source's slice is one contiguous block
-// and every 8 x 8 core matrix is 128 contiguous bytes.
+// CTA, and each CTA publishes s + 1 only after it finished reading s. A state buffer is
+// laid out [source CTA][batch column][64 + 8 padding], so that each source's slice is one
+// contiguous block and the mma B-fragment loads hit 32 distinct banks.
 // Per-step inputs (W_x x and z, or d_out, h and z) are staged one step ahead with cp.async.
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
@@ -38,10 +37,13 @@ namespace cg = cooperative_groups;
 namespace elman {
 namespace {
 
-constexpr int kRows = 64;                 // rows of W_h per CTA (one wgmma m64 tile)
+constexpr int kRows = 64;                 // rows of W_h per CTA (4 mma m-tiles)
 constexpr int kWarps = 16;
 constexpr int kThreads = kWarps * 32;
-constexpr int kKGroups = 4;               // warpgroups splitting the columns
+constexpr int kSrcRow = kRows + 8;        // bf16 per (source, batch column) row of a state
+                                          // buffer: 64 values and 8 of padding (bank spread)
+constexpr int kKGroups = 8;               // warps splitting the columns
+constexpr int kMTiles = 2;                // 16-row mma tiles per warp (2 x 16 = half the rows)
 constexpr int kRedStride = kRows + 4;     // floats per (k-group, batch) row of partial sums
 
 struct Args {
@@ -58,7 +60,7 @@ struct Args {
   __nv_bfloat16* dv;                      // backward: [T][B][D]
   __nv_bfloat16* dz;                      // backward: [T][B][D]
   __nv_bfloat16* dh0;                     // backward: [B][D]
-  __nv_bfloat16* xchg;                    // [clusters][ranks][2][bc * 64]: published slices
+  __nv_bfloat16* xchg;                    // [clusters][ranks][2][bc][kSrcRow]: published slices
   long long* trace;                       // optional: per-step phase clocks of CTA 0
 };
 
@@ -89,51 +91,13 @@ __device__ __forceinline__ void stamp(const Args& p, int slot) {
 __device__ __forceinline__ uint32_t pack(__nv_bfloat16 lo, __nv_bfloat16 hi) {
   return uint32_t(__bfloat16_as_ushort(lo)) | (uint32_t(__bfloat16_as_ushort(hi)) << 16);
 }
-// wgmma shared-memory matrix descriptor, no swizzle: start address, the byte distance
-// between core matrices along K (leading) and along N (stride), all in units of 16 bytes.
-__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t k_stride, uint32_t n_stride) {
-  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(k_stride >> 4) << 16) |
-         (uint64_t(n_stride >> 4) << 32);
-}
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() {
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-}
-// The accumulators are written asynchronously: keep the compiler from moving their uses
-// across wgmma_wait.
-template <int N>
-__device__ __forceinline__ void fence_operands(float (&c)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(c[i])::"memory");
-}
-// D (64 x 8 NT, fp32) = A (64 x 16, bf16 registers) B (16 x 8 NT, bf16 K-major in shared
-// memory) + (accumulate ? D : 0).
-template <int NT>
-__device__ __forceinline__ void wgmma(float (&d)[NT * 4], const uint32_t (&a)[4], uint64_t b,
-                                      bool accumulate);
-template <>
-__device__ __forceinline__ void wgmma<1>(float (&d)[4], const uint32_t (&a)[4], uint64_t b,
-                                         bool accumulate) {
+__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                    uint32_t b1) {
   asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, %9, 0;\n"
-      " wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, "
-      "p, 1, 1, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate)));
-}
-template <>
-__device__ __forceinline__ void wgmma<2>(float (&d)[8], const uint32_t (&a)[4], uint64_t b,
-                                         bool accumulate) {
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, %13, 0;\n"
-      " wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7}, "
-      "{%8,%9,%10,%11}, %12, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate)));
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // ---- the per-CTA machinery shared by forward and backward ---------------------------------
@@ -143,17 +107,15 @@ struct Cta {
   static constexpr int kBc = NT * 8;
   static constexpr int kDim = KS * 256;
   static constexpr int kRanks = kDim / kRows;                  // CTAs of the cluster
-  static constexpr int kSteps = kDim / kKGroups / 16;          // wgmma k-steps per warpgroup
-  static constexpr int kStepsPerSource = 4;                    // k-steps per source slice
-  static constexpr int kChains = NT == 1 ? 4 : 2;               // independent accumulators
-  static constexpr int kBlock = kBc * kRows;                   // one source's slice in a buffer
+  static constexpr int kSteps = kDim / kKGroups / 16;          // mma k-steps per warp
+  static constexpr int kBlock = kBc * kSrcRow;                // one source's slice in a buffer
   static constexpr int kStateElems = kRanks * kBlock;         // one state buffer
   static constexpr int kSlice = kBc * kRows;                   // one CTA's slice, elements
   static constexpr uint32_t kBlockBytes = kBlock * 2;
   static constexpr int kPerThread = kSlice / kThreads;         // outputs per thread (= NT)
   static constexpr int kChunks = kSlice / 8;                   // 16-byte chunks per slice
 
-  // Shared memory: state[2][source][k / 8][n][8] | red | stage[2][kIn] | mbar[2][source]
+  // Shared memory: state[2][source][n][kSrcRow] | red | stage[2][kIn] | mbar[2][source]
   static constexpr int kRedOffset = 2 * kStateElems * 2;
   static constexpr int kStageOffset = kRedOffset + kKGroups * kBc * kRedStride * 4;
   static constexpr int kBarOffset = kStageOffset + 2 * kIn * kSlice * 2;
@@ -162,7 +124,7 @@ struct Cta {
   // Shared memory is addressed from one base, so the layout costs no registers.
   unsigned char* base;
   int rank, row0, n0;
-  uint32_t a[kSteps][4];  // this warp's A fragments: [k-step][reg]
+  uint32_t a[kMTiles][kSteps][4];  // A fragments: [m-tile][k-step][reg]
 
   __device__ __nv_bfloat16* state() const { return reinterpret_cast<__nv_bfloat16*>(base); }
   __device__ float* red() const { return reinterpret_cast<float*>(base + kRedOffset); }
@@ -171,8 +133,8 @@ struct Cta {
   }
   __device__ uint64_t* bar() const { return reinterpret_cast<uint64_t*>(base + kBarOffset); }
   __device__ static int lane() { return int(threadIdx.x) & 31; }
-  __device__ static int kgroup() { return int(threadIdx.x) >> 7; }           // warpgroup
-  __device__ static int mrow0() { return ((int(threadIdx.x) >> 5) & 3) * 16; }  // its warp's rows
+  __device__ static int kgroup() { return (int(threadIdx.x) >> 5) % kKGroups; }
+  __device__ static int mrow0() { return (int(threadIdx.x) >> 5) / kKGroups * kMTiles * 16; }
 
   __device__ Cta(unsigned char* smem, const cg::cluster_group& cluster) : base(smem) {
     rank = int(cluster.block_rank());
@@ -186,26 +148,25 @@ struct Cta {
   __device__ const __nv_bfloat16* inputs(int i) const { return stage() + (i & 1) * kIn * kSlice; }
   // Element k of batch column n of buffer i (the layout the exchange writes).
   __device__ __nv_bfloat16* at(int i, int n, int k) const {
-    return buffer(i) + (k / kRows) * kBlock + offset(n, k % kRows);
+    return buffer(i) + (k / kRows) * kBlock + n * kSrcRow + k % kRows;
   }
-  // Element (n, r) of a slice (r < 64): the K-major core-matrix layout [r / 8][n][r % 8].
-  __device__ static int offset(int n, int r) { return (r >> 3) * (kBc * 8) + n * 8 + (r & 7); }
 
-  // This warp's A fragments: rows [row0 + mrow0(), + 16) of W (transposed: of W^T), the
-  // columns of its warpgroup, in the m16k16 fragment layout wgmma takes from registers.
+  // This warp's A fragments of rows [row0, row0 + 64) of W (transposed: of W^T).
   __device__ void load_weights(const __nv_bfloat16* w, bool transposed) {
     const int g = lane() >> 2, q = lane() & 3;
     const int k0 = kgroup() * (kDim / kKGroups);
 #pragma unroll
-    for (int s = 0; s < kSteps; ++s)
+    for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int row = row0 + mrow0() + g + ((r & 1) ? 8 : 0);
-        const int col = k0 + s * 16 + 2 * q + ((r & 2) ? 8 : 0);
-        const size_t lo = transposed ? size_t(col) * kDim + row : size_t(row) * kDim + col;
-        const size_t hi = transposed ? size_t(col + 1) * kDim + row : size_t(row) * kDim + col + 1;
-        a[s][r] = pack(w[lo], w[hi]);
-      }
+      for (int s = 0; s < kSteps; ++s)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int row = row0 + mrow0() + mt * 16 + g + ((r & 1) ? 8 : 0);
+          const int col = k0 + s * 16 + 2 * q + ((r & 2) ? 8 : 0);
+          const size_t lo = transposed ? size_t(col) * kDim + row : size_t(row) * kDim + col;
+          const size_t hi = transposed ? size_t(col + 1) * kDim + row : size_t(row) * kDim + col + 1;
+          a[mt][s][r] = pack(w[lo], w[hi]);
+        }
   }
 
   // The staged [T][B][D] inputs, read from the kernel parameters when needed (they cost no
@@ -244,51 +205,51 @@ struct Cta {
     mbar_wait(&bar()[((e + 1) & 1) * kRanks + src], (e >> 1) & 1);
   }
 
-  // Partial products of this warpgroup's columns with state buffer i, into
+  // Partial products of this warp's rows and columns with state buffer i, into
   // red[k-group][n][row]. With `e` >= 0 the buffer is being filled by exchange e: before
-  // the k-steps of a slice the warpgroup waits for the CTA that owns those columns, so the
+  // each k-step the warp waits for the slice of the CTA that owns those columns, so the
   // multiply of early slices overlaps the arrival of later ones. `first` runs after the
   // first wait.
   template <class First>
   __device__ void multiply(int i, int e, First first) {
-    const uint32_t src = smem_u32(buffer(i));
+    const __nv_bfloat16* src = buffer(i);
     const int g = lane() >> 2, q = lane() & 3;
     const int k0 = kgroup() * (kDim / kKGroups);
-    // Independent accumulator chains (k-step s into chain s % kChains): a chain of
-    // dependent wgmma runs at the instruction's latency, not at the tensor cores' rate.
-    float acc[kChains][NT * 4];
-    // One commit group per source slice, issued after its wait: the wait loops stay outside
-    // the runs of wgmma, so the compiler keeps them asynchronous.
+    float acc[kMTiles][NT][4];
 #pragma unroll
-    for (int c = 0; c < kSteps / kStepsPerSource; ++c) {
-      const int col0 = k0 + c * kRows;
-      if (e >= 0) wait_source(e, col0 / kRows);
-      if (c == 0 && e >= 0) first();
-      wgmma_fence();
+    for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-      for (int s = 0; s < kStepsPerSource; ++s) {
-        const int step = c * kStepsPerSource + s, col = col0 + s * 16;
-        const uint32_t at = src + 2 * ((col / kRows) * kBlock + offset(0, col % kRows));
-        wgmma<NT>(acc[step % kChains], a[step], smem_desc(at, kBc * 16, 128), step >= kChains);
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc[mt][nt][r] = 0.f;
+#pragma unroll
+    for (int s = 0; s < kSteps; ++s) {
+      const int col = k0 + s * 16;
+      if (e >= 0 && (s == 0 || col % kRows == 0)) {
+        wait_source(e, col / kRows);
+        if (s == 0) first();
       }
-      wgmma_commit();
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const __nv_bfloat16* row = src + (col / kRows) * kBlock + (nt * 8 + g) * kSrcRow +
+                                   col % kRows + 2 * q;
+        const uint32_t b0 = *reinterpret_cast<const uint32_t*>(row);
+        const uint32_t b1 = *reinterpret_cast<const uint32_t*>(row + 8);
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) mma(acc[mt][nt], a[mt][s], b0, b1);
+      }
     }
-    wgmma_wait();
-#pragma unroll
-    for (int h = 0; h < kChains; ++h) fence_operands(acc[h]);
-#pragma unroll
-    for (int h = 1; h < kChains; ++h)
-#pragma unroll
-      for (int i = 0; i < NT * 4; ++i) acc[0][i] += acc[h][i];
     float* mine = red() + kgroup() * kBc * kRedStride;
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      const int row = mrow0() + g, col = nt * 8 + 2 * q;
-      mine[col * kRedStride + row] = acc[0][nt * 4 + 0];
-      mine[(col + 1) * kRedStride + row] = acc[0][nt * 4 + 1];
-      mine[col * kRedStride + row + 8] = acc[0][nt * 4 + 2];
-      mine[(col + 1) * kRedStride + row + 8] = acc[0][nt * 4 + 3];
-    }
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const int row = mrow0() + mt * 16 + g, col = nt * 8 + 2 * q;
+        mine[col * kRedStride + row] = acc[mt][nt][0];
+        mine[(col + 1) * kRedStride + row] = acc[mt][nt][1];
+        mine[col * kRedStride + row + 8] = acc[mt][nt][2];
+        mine[(col + 1) * kRedStride + row + 8] = acc[mt][nt][3];
+      }
   }
 
   __device__ float reduce(int n, int r) const {
@@ -304,8 +265,7 @@ struct Cta {
   __device__ static int out_n(int k) { return (int(threadIdx.x) + k * kThreads) / kRows; }
   __device__ static int out_r(int k) { return (int(threadIdx.x) + k * kThreads) % kRows; }
 
-  // This CTA's slot for exchange e in the global staging buffer: one slice, laid out as in
-  // the state buffers.
+  // This CTA's slot for exchange e in the global staging buffer: [bc][kSrcRow].
   __device__ __nv_bfloat16* slot(const Args& p, int e) const {
     return p.xchg + ((size_t(blockIdx.x) * 2 + ((e + 1) & 1)) * kBlock);
   }
@@ -346,7 +306,6 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(Args p) {
     const size_t off = size_t(cta.n0 + n) * C::kDim + cta.row0 + r;
     if (cta.n0 + n < p.batch) p.h_all[off] = p.h0[off];
   }
-  fence_async_shared();  // h0 was written by threads and is read by wgmma (the async proxy)
   cluster.sync();  // barriers initialised and h0 in place in every CTA
 
   for (int t = 0; t < p.steps; ++t) {
@@ -370,7 +329,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(Args p) {
       Epi::forward(cta.reduce(n, r) + to_float(in[j]) + bias[k], to_float(in[C::kSlice + j]), h, o);
       hb[k] = __float2bfloat16_rn(h);
       ob[k] = __float2bfloat16_rn(o);
-      slot[C::offset(n, r)] = hb[k];
+      slot[n * kSrcRow + r] = hb[k];
     }
     fence_async_global();
 #pragma unroll
@@ -425,7 +384,7 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(Args p) {
                     to_float(in[2 * C::kSlice + j]), dv, dz);
       dvb[k] = __float2bfloat16_rn(dv);
       dzb[k] = __float2bfloat16_rn(dz);
-      slot[C::offset(n, r)] = dvb[k];
+      slot[n * kSrcRow + r] = dvb[k];
     }
     fence_async_global();
 #pragma unroll
@@ -531,7 +490,7 @@ PersistentPlan dense_persistent_plan(int batch, int dim, bool backward) {
       plan.clusters = clusters;
       plan.smem = smem;
       plan.max_active = active;
-      plan.xchg_bytes = size_t(clusters) * plan.cluster * 2 * plan.bc * kRows * 2;
+      plan.xchg_bytes = size_t(clusters) * plan.cluster * 2 * plan.bc * kSrcRow * 2;
       if (clusters > active) plan.reason = "more clusters than fit at once: they run in waves";
       return plan;
     }
