@@ -216,6 +216,7 @@ def plot_versions(runs: list[Path], B: int, D: int):
             ax.text(i, v, f"{v:.2f}", ha="center", va="bottom", fontsize=8)
     ax.set_ylabel(f"us per step (B={B}, D={D})")
     ax.set_xlabel("commit")
+    ax.tick_params(axis="x", labelrotation=45)
     fig.tight_layout()
     return fig
 
