@@ -265,6 +265,22 @@ struct Cta {
   __device__ static int out_n(int k) { return (int(threadIdx.x) + k * kThreads) / kRows; }
   __device__ static int out_r(int k) { return (int(threadIdx.x) + k * kThreads) % kRows; }
 
+  // Store this thread's outputs of one step, a[k] into x and b[k] into y ([B][D] planes of
+  // [T][B][D] tensors), for the live batch columns. Runs after the slice has been published,
+  // off the step's critical path.
+  __device__ void store(const Args& p, __nv_bfloat16* x, const __nv_bfloat16 (&a)[kPerThread],
+                        __nv_bfloat16* y, const __nv_bfloat16 (&b)[kPerThread]) const {
+#pragma unroll
+    for (int k = 0; k < kPerThread; ++k) {
+      const int n = out_n(k), r = out_r(k);
+      if (n0 + n < p.batch) {
+        const size_t off = size_t(n0 + n) * kDim + row0 + r;
+        x[off] = a[k];
+        y[off] = b[k];
+      }
+    }
+  }
+
   // This CTA's slot for exchange e in the global staging buffer: [bc][kSrcRow].
   __device__ __nv_bfloat16* slot(const Args& p, int e) const {
     return p.xchg + ((size_t(blockIdx.x) * 2 + ((e + 1) & 1)) * kBlock);
@@ -332,15 +348,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(Args p) {
       slot[n * kSrcRow + r] = hb[k];
     }
     fence_async_global();
-#pragma unroll
-    for (int k = 0; k < C::kPerThread; ++k) {
-      const int n = C::out_n(k), r = C::out_r(k);
-      if (cta.n0 + n < p.batch) {
-        const size_t off = size_t(cta.n0 + n) * C::kDim + cta.row0 + r;
-        p.out[t * BD + off] = ob[k];
-        p.h_all[(t + 1) * BD + off] = hb[k];
-      }
-    }
+    cta.store(p, p.out + t * BD, ob, p.h_all + (t + 1) * BD, hb);
     mark(p, t, 4);
     if (!last) cta.publish(p, t);
     mark(p, t, 5);
@@ -387,15 +395,7 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(Args p) {
       slot[n * kSrcRow + r] = dvb[k];
     }
     fence_async_global();
-#pragma unroll
-    for (int k = 0; k < C::kPerThread; ++k) {
-      const int n = C::out_n(k), r = C::out_r(k);
-      if (cta.n0 + n < p.batch) {
-        const size_t off = size_t(cta.n0 + n) * C::kDim + cta.row0 + r;
-        p.dv[t * BD + off] = dvb[k];
-        p.dz[t * BD + off] = dzb[k];
-      }
-    }
+    cta.store(p, p.dv + t * BD, dvb, p.dz + t * BD, dzb);
     cta.publish(p, u);
   }
   // dh0 = W_h^T dv_0, exchange T - 1.
