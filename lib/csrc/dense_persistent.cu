@@ -1,19 +1,21 @@
 // Persistent kernels of the dense family (bf16, sm_90): one launch runs the whole sequence.
 //
 // A thread-block cluster of C = D / 64 CTAs holds W_h (forward) or W_h^T (backward) in
-// registers for the whole sequence: CTA r owns rows [64 r, 64 r + 64); its 16 warps form a
-// 2 x 8 grid, warp (m, k) holding rows [32 m, 32 m + 32) of the slice for one eighth of the
-// columns as mma.sync A fragments. Each cluster
+// registers for the whole sequence: CTA r owns rows [64 r, 64 r + 64); its 8 warps form a
+// 2 x 4 grid, warp (m, k) holding rows [32 m, 32 m + 32) of the slice for one quarter of the
+// columns as mma.sync A fragments (up to 128 registers a thread). Each cluster
 // owns `bc` (8 or 16) batch columns; clusters never talk to each other. Per step a CTA
 //   1. multiplies its rows by the previous state (all D rows, bf16, in shared memory) with
-//      mma.m16n8k16 (fp32 accumulate), one partial per warp; before each k-step a warp waits
+//      mma.m16n8k16 (fp32 accumulate, two independent chains per m-tile so that the tensor
+//      pipe stays busy with two warps per scheduler), one partial per warp; before each k-step
+//      a warp waits
 //      only for the slice of the CTA that owns those columns (one mbarrier per source CTA),
 //      so early slices are multiplied while later ones are still arriving;
-//   2. sums the 8 partials of each row and applies the epilogue (bias, tanh, gate; or in
+//   2. sums the 4 partials of each row and applies the epilogue (bias, tanh, gate; or in
 //      backward the gate and tanh gradients), writing its 64-row slice of the new state to
-//      a global staging slot first and the outputs to global memory after (the fence
-//      before the publish then waits for the slice only);
-//   3. publishes the slice: one thread issues a bulk copy that multicasts the slot from L2
+//      a global staging slot;
+//   3. publishes the slice, and only then stores the step's outputs (off the critical
+//      path): one thread issues a bulk copy that multicasts the slot from L2
 //      into the other half of the state double buffer of every CTA of the cluster, counted
 //      in bytes on each receiver's mbarrier of this source. (Measured: this all-gather costs
 //      about half of st.async stores into every peer, because the slice leaves the SM once.)
@@ -38,11 +40,11 @@ namespace elman {
 namespace {
 
 constexpr int kRows = 64;                 // rows of W_h per CTA (4 mma m-tiles)
-constexpr int kWarps = 16;
+constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kSrcRow = kRows + 8;        // bf16 per (source, batch column) row of a state
                                           // buffer: 64 values and 8 of padding (bank spread)
-constexpr int kKGroups = 8;               // warps splitting the columns
+constexpr int kKGroups = 4;               // warps splitting the columns
 constexpr int kMTiles = 2;                // 16-row mma tiles per warp (2 x 16 = half the rows)
 constexpr int kRedStride = kRows + 4;     // floats per (k-group, batch) row of partial sums
 
@@ -74,15 +76,20 @@ __device__ __forceinline__ long long globaltimer() {
   asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
   return t;
 }
-// Trace marks read the pointer from the kernel parameters each time (no live register).
-__device__ __forceinline__ bool tracing(const Args& p) {
-  return p.trace != nullptr && blockIdx.x == 0 && threadIdx.x == 0;
+// The traced forward is its own instantiation (kTrace): in the untraced one the marks are no
+// code at all (measured: their checks alone cost about 60 ns a step). A mark reads the
+// pointer from the kernel parameters each time (no live register).
+template <bool kTrace>
+__device__ __forceinline__ bool tracing() {
+  return kTrace && blockIdx.x == 0 && threadIdx.x == 0;
 }
+template <bool kTrace>
 __device__ __forceinline__ void mark(const Args& p, int step, int phase) {
-  if (tracing(p)) p.trace[step * kTracePhases + phase] = clock64();
+  if (tracing<kTrace>()) p.trace[step * kTracePhases + phase] = clock64();
 }
+template <bool kTrace>
 __device__ __forceinline__ void stamp(const Args& p, int slot) {
-  if (tracing(p)) {
+  if (tracing<kTrace>()) {
     p.trace[p.steps * kTracePhases + 2 * slot] = clock64();
     p.trace[p.steps * kTracePhases + 2 * slot + 1] = globaltimer();
   }
@@ -112,7 +119,7 @@ struct Cta {
   static constexpr int kStateElems = kRanks * kBlock;         // one state buffer
   static constexpr int kSlice = kBc * kRows;                   // one CTA's slice, elements
   static constexpr uint32_t kBlockBytes = kBlock * 2;
-  static constexpr int kPerThread = kSlice / kThreads;         // outputs per thread (= NT)
+  static constexpr int kPerThread = kSlice / kThreads;         // outputs per thread (= 2 NT)
   static constexpr int kChunks = kSlice / 8;                   // 16-byte chunks per slice
 
   // Shared memory: state[2][source][n][kSrcRow] | red | stage[2][kIn] | mbar[2][source]
@@ -215,13 +222,15 @@ struct Cta {
     const __nv_bfloat16* src = buffer(i);
     const int g = lane() >> 2, q = lane() & 3;
     const int k0 = kgroup() * (kDim / kKGroups);
-    float acc[kMTiles][NT][4];
+    float acc[2][kMTiles][NT][4];  // even and odd k-steps: two independent chains
 #pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt)
+    for (int c = 0; c < 2; ++c)
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
+      for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-        for (int r = 0; r < 4; ++r) acc[mt][nt][r] = 0.f;
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) acc[c][mt][nt][r] = 0.f;
 #pragma unroll
     for (int s = 0; s < kSteps; ++s) {
       const int col = k0 + s * 16;
@@ -236,19 +245,25 @@ struct Cta {
         const uint32_t b0 = *reinterpret_cast<const uint32_t*>(row);
         const uint32_t b1 = *reinterpret_cast<const uint32_t*>(row + 8);
 #pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt) mma(acc[mt][nt], a[mt][s], b0, b1);
+        for (int mt = 0; mt < kMTiles; ++mt) mma(acc[s & 1][mt][nt], a[mt][s], b0, b1);
       }
     }
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc[0][mt][nt][r] += acc[1][mt][nt][r];
     float* mine = red() + kgroup() * kBc * kRedStride;
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
         const int row = mrow0() + mt * 16 + g, col = nt * 8 + 2 * q;
-        mine[col * kRedStride + row] = acc[mt][nt][0];
-        mine[(col + 1) * kRedStride + row] = acc[mt][nt][1];
-        mine[col * kRedStride + row + 8] = acc[mt][nt][2];
-        mine[(col + 1) * kRedStride + row + 8] = acc[mt][nt][3];
+        mine[col * kRedStride + row] = acc[0][mt][nt][0];
+        mine[(col + 1) * kRedStride + row] = acc[0][mt][nt][1];
+        mine[col * kRedStride + row + 8] = acc[0][mt][nt][2];
+        mine[(col + 1) * kRedStride + row + 8] = acc[0][mt][nt][3];
       }
   }
 
@@ -267,7 +282,8 @@ struct Cta {
 
   // Store this thread's outputs of one step, a[k] into x and b[k] into y ([B][D] planes of
   // [T][B][D] tensors), for the live batch columns. Runs after the slice has been published,
-  // off the step's critical path.
+  // off the step's critical path (the values are in registers: the staged inputs may be
+  // overwritten by then).
   __device__ void store(const Args& p, __nv_bfloat16* x, const __nv_bfloat16 (&a)[kPerThread],
                         __nv_bfloat16* y, const __nv_bfloat16 (&b)[kPerThread]) const {
 #pragma unroll
@@ -298,13 +314,13 @@ struct Cta {
   }
 };
 
-template <int KS, int NT, class Epi>
+template <int KS, int NT, class Epi, bool kTrace>
 __global__ void __launch_bounds__(kThreads, 1) forward_kernel(Args p) {
   using C = Cta<KS, NT, 2>;  // staged inputs: wx, z
   cg::cluster_group cluster = cg::this_cluster();
   extern __shared__ __align__(16) unsigned char smem[];
   C cta(smem, cluster);
-  stamp(p, 0);
+  stamp<kTrace>(p, 0);
   const size_t BD = size_t(p.batch) * C::kDim;
 
   cta.stage_inputs(0, p, 0, false);
@@ -326,15 +342,15 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(Args p) {
 
   for (int t = 0; t < p.steps; ++t) {
     const bool last = t + 1 == p.steps;
-    mark(p, t, 0);
+    mark<kTrace>(p, t, 0);
     if (!last) cta.expect(t);                     // h_t arrives as exchange t
     cta.stage_inputs(t + 1, p, t + 1, last);
-    if (t == 0) mark(p, t, 1);
-    cta.multiply(t, t - 1, [&] { mark(p, t, 1); });  // h_{t-1}: exchange t - 1 (h0 at t = 0)
-    mark(p, t, 2);
+    if (t == 0) mark<kTrace>(p, t, 1);
+    cta.multiply(t, t - 1, [&] { mark<kTrace>(p, t, 1); });  // h_{t-1}: exchange t - 1 (h0 at t = 0)
+    mark<kTrace>(p, t, 2);
     C::wait_inputs();
     __syncthreads();  // partial sums and inputs of step t complete
-    mark(p, t, 3);
+    mark<kTrace>(p, t, 3);
     const __nv_bfloat16* in = cta.inputs(t);
     __nv_bfloat16* slot = cta.slot(p, t);
     __nv_bfloat16 hb[C::kPerThread], ob[C::kPerThread];
@@ -348,13 +364,13 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(Args p) {
       slot[n * kSrcRow + r] = hb[k];
     }
     fence_async_global();
-    cta.store(p, p.out + t * BD, ob, p.h_all + (t + 1) * BD, hb);
-    mark(p, t, 4);
+    mark<kTrace>(p, t, 4);
     if (!last) cta.publish(p, t);
-    mark(p, t, 5);
+    mark<kTrace>(p, t, 5);
+    cta.store(p, p.out + t * BD, ob, p.h_all + (t + 1) * BD, hb);
   }
   cluster.sync();  // no CTA leaves while another may still address its shared memory
-  stamp(p, 1);
+  stamp<kTrace>(p, 1);
 }
 
 template <int KS, int NT, class Epi>
@@ -395,8 +411,8 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(Args p) {
       slot[n * kSrcRow + r] = dvb[k];
     }
     fence_async_global();
-    cta.store(p, p.dv + t * BD, dvb, p.dz + t * BD, dzb);
     cta.publish(p, u);
+    cta.store(p, p.dv + t * BD, dvb, p.dz + t * BD, dzb);
   }
   // dh0 = W_h^T dv_0, exchange T - 1.
   cta.multiply(T, T - 1, none);
@@ -415,10 +431,11 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(Args p) {
 using KernelPtr = void (*)(Args);
 
 template <class Epi>
-KernelPtr pick(int ks, int nt, bool backward) {
+KernelPtr pick(int ks, int nt, bool backward, bool trace = false) {
 #define ELMAN_CASE(KS, NT)                                                                   \
   if (ks == KS && nt == NT)                                                                  \
-    return backward ? backward_kernel<KS, NT, Epi> : forward_kernel<KS, NT, Epi>;
+    return backward ? backward_kernel<KS, NT, Epi>                                           \
+                    : trace ? forward_kernel<KS, NT, Epi, true> : forward_kernel<KS, NT, Epi, false>;
   ELMAN_CASE(1, 1) ELMAN_CASE(1, 2) ELMAN_CASE(2, 1) ELMAN_CASE(2, 2)
   ELMAN_CASE(3, 1) ELMAN_CASE(3, 2) ELMAN_CASE(4, 1) ELMAN_CASE(4, 2)
 #undef ELMAN_CASE
@@ -442,7 +459,11 @@ int smem_for(int ks, int nt, bool backward) {
 
 cudaError_t launch(const PersistentPlan& plan, int dim, bool backward, cudaStream_t stream,
                    const Args& args) {
-  KernelPtr k = pick<TanhSiluGateT<true>>(dim / 256, plan.bc / 8, backward);
+  KernelPtr k = pick<TanhSiluGateT<true>>(dim / 256, plan.bc / 8, backward, args.trace != nullptr);
+  if (args.trace != nullptr) {  // the plan set the attributes of the untraced kernel only
+    const cudaError_t e = allow_cluster_launch(k, plan.smem, plan.cluster);
+    if (e != cudaSuccess) return e;
+  }
   cudaLaunchAttribute attr[1];
   cudaLaunchConfig_t cfg =
       cluster_launch_config(plan.cluster, plan.clusters, kThreads, plan.smem, stream, attr);
