@@ -29,6 +29,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <cstdlib>
 
 #include "cluster.cuh"
 #include "dense.h"
@@ -40,12 +41,14 @@ namespace elman {
 namespace {
 
 constexpr int kRows = 64;                 // rows of W_h per CTA (4 mma m-tiles)
-constexpr int kWarps = 8;
-constexpr int kThreads = kWarps * 32;
 constexpr int kSrcRow = kRows + 8;        // bf16 per (source, batch column) row of a state
                                           // buffer: 64 values and 8 of padding (bank spread)
-constexpr int kKGroups = 4;               // warps splitting the columns
-constexpr int kMTiles = 2;                // 16-row mma tiles per warp (2 x 16 = half the rows)
+// Warp grids (G): the CTA's warps split its rows into MG groups and its columns into KG.
+template <int G> struct Grid;
+template <> struct Grid<0> { static constexpr int MG = 2, KG = 4; };
+template <> struct Grid<1> { static constexpr int MG = 2, KG = 8; };
+template <> struct Grid<2> { static constexpr int MG = 4, KG = 4; };
+constexpr int threads_of(int g) { return g == 0 ? 256 : 512; }
 constexpr int kRedStride = kRows + 4;     // floats per (k-group, batch) row of partial sums
 
 struct Args {
@@ -109,8 +112,11 @@ __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint3
 
 // ---- the per-CTA machinery shared by forward and backward ---------------------------------
 // KS = D / 256; NT = bc / 8 mma n-tiles; kIn staged input tensors.
-template <int KS, int NT, int kIn>
+template <int KS, int NT, int kIn, int G>
 struct Cta {
+  static constexpr int kKGroups = Grid<G>::KG;                // warps splitting the columns
+  static constexpr int kMTiles = 4 / Grid<G>::MG;             // 16-row mma tiles per warp
+  static constexpr int kThreads = Grid<G>::MG * Grid<G>::KG * 32;
   static constexpr int kBc = NT * 8;
   static constexpr int kDim = KS * 256;
   static constexpr int kRanks = kDim / kRows;                  // CTAs of the cluster
@@ -119,7 +125,7 @@ struct Cta {
   static constexpr int kStateElems = kRanks * kBlock;         // one state buffer
   static constexpr int kSlice = kBc * kRows;                   // one CTA's slice, elements
   static constexpr uint32_t kBlockBytes = kBlock * 2;
-  static constexpr int kPerThread = kSlice / kThreads;         // outputs per thread (= 2 NT)
+  static constexpr int kPerThread = kSlice / kThreads;         // outputs per thread
   static constexpr int kChunks = kSlice / 8;                   // 16-byte chunks per slice
 
   // Shared memory: state[2][source][n][kSrcRow] | red | stage[2][kIn] | mbar[2][source]
@@ -314,9 +320,9 @@ struct Cta {
   }
 };
 
-template <int KS, int NT, class Epi, bool kTrace>
-__global__ void __launch_bounds__(kThreads, 1) forward_kernel(Args p) {
-  using C = Cta<KS, NT, 2>;  // staged inputs: wx, z
+template <int KS, int NT, class Epi, bool kTrace, int G>
+__global__ void __launch_bounds__(threads_of(G), 1) forward_kernel(Args p) {
+  using C = Cta<KS, NT, 2, G>;  // staged inputs: wx, z
   cg::cluster_group cluster = cg::this_cluster();
   extern __shared__ __align__(16) unsigned char smem[];
   C cta(smem, cluster);
@@ -325,7 +331,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(Args p) {
 
   cta.stage_inputs(0, p, 0, false);
   cta.load_weights(p.w, false);
-  for (int i = threadIdx.x; i < C::kBc * C::kDim; i += kThreads) {
+  for (int i = threadIdx.x; i < C::kBc * C::kDim; i += C::kThreads) {
     const int n = i / C::kDim, k = i % C::kDim;
     *cta.at(0, n, k) =
         cta.n0 + n < p.batch ? p.h0[size_t(cta.n0 + n) * C::kDim + k] : __float2bfloat16_rn(0.f);
@@ -373,9 +379,9 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(Args p) {
   stamp<kTrace>(p, 1);
 }
 
-template <int KS, int NT, class Epi>
-__global__ void __launch_bounds__(kThreads, 1) backward_kernel(Args p) {
-  using C = Cta<KS, NT, 3>;  // staged inputs: d_out_t, h_t (= h_all[t + 1]), z_t
+template <int KS, int NT, class Epi, int G>
+__global__ void __launch_bounds__(threads_of(G), 1) backward_kernel(Args p) {
+  using C = Cta<KS, NT, 3, G>;  // staged inputs: d_out_t, h_t (= h_all[t + 1]), z_t
   cg::cluster_group cluster = cg::this_cluster();
   extern __shared__ __align__(16) unsigned char smem[];
   C cta(smem, cluster);
@@ -430,30 +436,50 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(Args p) {
 // ---- planning and launch -------------------------------------------------------------
 using KernelPtr = void (*)(Args);
 
-template <class Epi>
-KernelPtr pick(int ks, int nt, bool backward, bool trace = false) {
+int grid_choice() {  // DEV: ELMAN_GRID selects the warp grid
+  static int g = [] { const char* e = getenv("ELMAN_GRID"); return e ? atoi(e) : 1; }();
+  return g;
+}
+
+template <class Epi, int G>
+KernelPtr pick_g(int ks, int nt, bool backward, bool trace) {
 #define ELMAN_CASE(KS, NT)                                                                   \
   if (ks == KS && nt == NT)                                                                  \
-    return backward ? backward_kernel<KS, NT, Epi>                                           \
-                    : trace ? forward_kernel<KS, NT, Epi, true> : forward_kernel<KS, NT, Epi, false>;
+    return backward ? backward_kernel<KS, NT, Epi, G>                                        \
+                    : trace ? forward_kernel<KS, NT, Epi, true, G> : forward_kernel<KS, NT, Epi, false, G>;
   ELMAN_CASE(1, 1) ELMAN_CASE(1, 2) ELMAN_CASE(2, 1) ELMAN_CASE(2, 2)
   ELMAN_CASE(3, 1) ELMAN_CASE(3, 2) ELMAN_CASE(4, 1) ELMAN_CASE(4, 2)
 #undef ELMAN_CASE
   return nullptr;
 }
-
-template <int KS>
-int smem_for_ks(int nt, bool backward) {
-  if (nt == 1) return backward ? Cta<KS, 1, 3>::kSmem : Cta<KS, 1, 2>::kSmem;
-  return backward ? Cta<KS, 2, 3>::kSmem : Cta<KS, 2, 2>::kSmem;
+template <class Epi>
+KernelPtr pick(int ks, int nt, bool backward, bool trace = false) {
+  switch (grid_choice()) {
+    case 0: return pick_g<Epi, 0>(ks, nt, backward, trace);
+    case 2: return pick_g<Epi, 2>(ks, nt, backward, trace);
+    default: return pick_g<Epi, 1>(ks, nt, backward, trace);
+  }
 }
 
-int smem_for(int ks, int nt, bool backward) {
+template <int KS, int G>
+int smem_for_ks(int nt, bool backward) {
+  if (nt == 1) return backward ? Cta<KS, 1, 3, G>::kSmem : Cta<KS, 1, 2, G>::kSmem;
+  return backward ? Cta<KS, 2, 3, G>::kSmem : Cta<KS, 2, 2, G>::kSmem;
+}
+template <int G>
+int smem_for_g(int ks, int nt, bool backward) {
   switch (ks) {
-    case 1: return smem_for_ks<1>(nt, backward);
-    case 2: return smem_for_ks<2>(nt, backward);
-    case 3: return smem_for_ks<3>(nt, backward);
-    default: return smem_for_ks<4>(nt, backward);
+    case 1: return smem_for_ks<1, G>(nt, backward);
+    case 2: return smem_for_ks<2, G>(nt, backward);
+    case 3: return smem_for_ks<3, G>(nt, backward);
+    default: return smem_for_ks<4, G>(nt, backward);
+  }
+}
+int smem_for(int ks, int nt, bool backward) {
+  switch (grid_choice()) {
+    case 0: return smem_for_g<0>(ks, nt, backward);
+    case 2: return smem_for_g<2>(ks, nt, backward);
+    default: return smem_for_g<1>(ks, nt, backward);
   }
 }
 
@@ -466,7 +492,7 @@ cudaError_t launch(const PersistentPlan& plan, int dim, bool backward, cudaStrea
   }
   cudaLaunchAttribute attr[1];
   cudaLaunchConfig_t cfg =
-      cluster_launch_config(plan.cluster, plan.clusters, kThreads, plan.smem, stream, attr);
+      cluster_launch_config(plan.cluster, plan.clusters, threads_of(grid_choice()), plan.smem, stream, attr);
   const cudaError_t e = cudaLaunchKernelEx(&cfg, k, args);  // attributes were set by the plan
   return e == cudaSuccess ? cudaGetLastError() : e;
 }
@@ -497,7 +523,7 @@ PersistentPlan dense_persistent_plan(int batch, int dim, bool backward) {
       active = 0;
       KernelPtr k = pick<TanhSiluGateT<true>>(dim / 256, nt, backward);
       cudaLaunchAttribute attr[1];
-      cudaLaunchConfig_t cfg = cluster_launch_config(plan.cluster, 1, kThreads, smem, nullptr, attr);
+      cudaLaunchConfig_t cfg = cluster_launch_config(plan.cluster, 1, threads_of(grid_choice()), smem, nullptr, attr);
       if (allow_cluster_launch(k, smem, plan.cluster) != cudaSuccess ||
           cudaOccupancyMaxActiveClusters(&active, k, &cfg) != cudaSuccess) {
         cudaGetLastError();
