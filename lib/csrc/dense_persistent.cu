@@ -1,24 +1,25 @@
 // Persistent kernels of the dense family (bf16, sm_90): one launch runs the whole sequence.
 //
 // A thread-block cluster of C = D / 64 CTAs holds W_h (forward) or W_h^T (backward) in
-// registers for the whole sequence: CTA r owns rows [64 r, 64 r + 64); its 8 warps form a
-// 2 x 4 grid, warp (m, k) holding rows [32 m, 32 m + 32) of the slice for one quarter of the
-// columns as mma.sync A fragments (up to 128 registers a thread). Each cluster
-// owns `bc` (8 or 16) batch columns; clusters never talk to each other. Per step a CTA
+// registers for the whole sequence: CTA r owns rows [64 r, 64 r + 64); its 16 warps form a
+// 2 x 8 grid, warp (m, k) holding rows [32 m, 32 m + 32) of the slice for one eighth of the
+// columns as mma.sync A fragments. Each cluster owns `bc` (8 or 16) batch columns; clusters
+// never talk to each other. Per step a CTA
 //   1. multiplies its rows by the previous state (all D rows, bf16, in shared memory) with
-//      mma.m16n8k16 (fp32 accumulate, two independent chains per m-tile so that the tensor
-//      pipe stays busy with two warps per scheduler), one partial per warp; before each k-step
-//      a warp waits
-//      only for the slice of the CTA that owns those columns (one mbarrier per source CTA),
-//      so early slices are multiplied while later ones are still arriving;
-//   2. sums the 4 partials of each row and applies the epilogue (bias, tanh, gate; or in
-//      backward the gate and tanh gradients), writing its 64-row slice of the new state to
-//      a global staging slot;
-//   3. publishes the slice, and only then stores the step's outputs (off the critical
-//      path): one thread issues a bulk copy that multicasts the slot from L2
-//      into the other half of the state double buffer of every CTA of the cluster, counted
-//      in bytes on each receiver's mbarrier of this source. (Measured: this all-gather costs
-//      about half of st.async stores into every peer, because the slice leaves the SM once.)
+//      mma.m16n8k16 (fp32 accumulate, two independent chains per m-tile), one partial per
+//      warp; before each k-step a warp waits only for the slice of the CTA that owns those
+//      columns (one mbarrier per source CTA), so early slices are multiplied while later
+//      ones are still arriving;
+//   2. sums the 8 partials of each row and applies the epilogue (bias, tanh, gate; or in
+//      backward the gate and tanh gradients), writing its part of the new state to a global
+//      staging slot;
+//   3. publishes it warp by warp, with no block barrier on the way: each warp fences its
+//      lanes' writes and one lane issues a bulk copy that multicasts the warp's 64-byte run
+//      from L2 into the other half of the state double buffer of every CTA of the cluster,
+//      counted in bytes on each receiver's mbarrier of this source. (Measured: this
+//      all-gather costs about half of st.async stores into every peer, because the slice
+//      leaves the SM once.) Only then are the step's outputs stored, and one block barrier
+//      ends the step (the partial sums and staged inputs are reused by the next step).
 // No cluster-wide barrier runs per step. The double buffer is safe: a CTA publishes state
 // s + 2 into the buffer that held state s only after it received state s + 1 from every
 // CTA, and each CTA publishes s + 1 only after it finished reading s. A state buffer is
@@ -29,7 +30,6 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
-#include <cstdlib>
 
 #include "cluster.cuh"
 #include "dense.h"
@@ -43,12 +43,10 @@ namespace {
 constexpr int kRows = 64;                 // rows of W_h per CTA (4 mma m-tiles)
 constexpr int kSrcRow = kRows + 8;        // bf16 per (source, batch column) row of a state
                                           // buffer: 64 values and 8 of padding (bank spread)
-// Warp grids (G): the CTA's warps split its rows into MG groups and its columns into KG.
-template <int G> struct Grid;
-template <> struct Grid<0> { static constexpr int MG = 2, KG = 4; };
-template <> struct Grid<1> { static constexpr int MG = 2, KG = 8; };
-template <> struct Grid<2> { static constexpr int MG = 4, KG = 4; };
-constexpr int threads_of(int g) { return g == 0 ? 256 : 512; }
+constexpr int kWarps = 16;
+constexpr int kThreads = kWarps * 32;
+constexpr int kKGroups = 8;               // warps splitting the columns
+constexpr int kMTiles = 2;                // 16-row mma tiles per warp (2 x 16 = half the rows)
 constexpr int kRedStride = kRows + 4;     // floats per (k-group, batch) row of partial sums
 
 struct Args {
@@ -112,11 +110,8 @@ __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint3
 
 // ---- the per-CTA machinery shared by forward and backward ---------------------------------
 // KS = D / 256; NT = bc / 8 mma n-tiles; kIn staged input tensors.
-template <int KS, int NT, int kIn, int G>
+template <int KS, int NT, int kIn>
 struct Cta {
-  static constexpr int kKGroups = Grid<G>::KG;                // warps splitting the columns
-  static constexpr int kMTiles = 4 / Grid<G>::MG;             // 16-row mma tiles per warp
-  static constexpr int kThreads = Grid<G>::MG * Grid<G>::KG * 32;
   static constexpr int kBc = NT * 8;
   static constexpr int kDim = KS * 256;
   static constexpr int kRanks = kDim / kRows;                  // CTAs of the cluster
@@ -124,7 +119,7 @@ struct Cta {
   static constexpr int kBlock = kBc * kSrcRow;                // one source's slice in a buffer
   static constexpr int kStateElems = kRanks * kBlock;         // one state buffer
   static constexpr int kSlice = kBc * kRows;                   // one CTA's slice, elements
-  static constexpr uint32_t kBlockBytes = kBlock * 2;
+  static constexpr uint32_t kSliceBytes = kSlice * 2;         // sent per step (no padding)
   static constexpr int kPerThread = kSlice / kThreads;         // outputs per thread
   static constexpr int kChunks = kSlice / 8;                   // 16-byte chunks per slice
 
@@ -211,7 +206,7 @@ struct Cta {
   // CTA, each expecting one slice.
   __device__ void expect(int e) {
     if (int(threadIdx.x) < kRanks)
-      mbar_expect(&bar()[((e + 1) & 1) * kRanks + threadIdx.x], kBlockBytes);
+      mbar_expect(&bar()[((e + 1) & 1) * kRanks + threadIdx.x], kSliceBytes);
   }
   // Wait until source CTA `src`'s slice of exchange e has arrived.
   __device__ void wait_source(int e, int src) const {
@@ -307,22 +302,29 @@ struct Cta {
   __device__ __nv_bfloat16* slot(const Args& p, int e) const {
     return p.xchg + ((size_t(blockIdx.x) * 2 + ((e + 1) & 1)) * kBlock);
   }
-  // Exchange e: the slice is in this CTA's slot (written by every thread, each followed by
-  // fence_async_global); one bulk copy multicasts it from global memory (L2) into the
-  // same place of buffer e + 1 of every CTA of the cluster, counted on each receiver's
-  // mbarrier of this source. Measured faster than st.async into every peer
-  // (primitive allgather_*), because the slice leaves the SM once.
+  // Exchange e, sent by each warp for its own outputs: every lane has written its values of
+  // the new state into this CTA's slot; each lane makes its writes visible to the async
+  // proxy, and after the warp converges one lane issues, per output k, a bulk copy that
+  // multicasts the warp's 32 consecutive rows of one batch column (64 bytes) from global
+  // memory (L2) into the same place of buffer e + 1 of every CTA of the cluster, counted on
+  // each receiver's mbarrier of this source.
   __device__ void publish(const Args& p, int e) const {
-    __syncthreads();
-    if (threadIdx.x == 0)
-      bulk_multicast(buffer(e + 1) + rank * kBlock, slot(p, e), kBlockBytes,
-                     &bar()[((e + 1) & 1) * kRanks + rank], uint16_t((1u << kRanks) - 1));
+    fence_async_global();
+    __syncwarp();
+    if (lane() == 0) {
+#pragma unroll
+      for (int k = 0; k < kPerThread; ++k) {
+        const int off = out_n(k) * kSrcRow + out_r(k);
+        bulk_multicast(buffer(e + 1) + rank * kBlock + off, slot(p, e) + off, 64,
+                       &bar()[((e + 1) & 1) * kRanks + rank], uint16_t((1u << kRanks) - 1));
+      }
+    }
   }
 };
 
-template <int KS, int NT, class Epi, bool kTrace, int G>
-__global__ void __launch_bounds__(threads_of(G), 1) forward_kernel(Args p) {
-  using C = Cta<KS, NT, 2, G>;  // staged inputs: wx, z
+template <int KS, int NT, class Epi, bool kTrace>
+__global__ void __launch_bounds__(kThreads, 1) forward_kernel(Args p) {
+  using C = Cta<KS, NT, 2>;  // staged inputs: wx, z
   cg::cluster_group cluster = cg::this_cluster();
   extern __shared__ __align__(16) unsigned char smem[];
   C cta(smem, cluster);
@@ -331,7 +333,7 @@ __global__ void __launch_bounds__(threads_of(G), 1) forward_kernel(Args p) {
 
   cta.stage_inputs(0, p, 0, false);
   cta.load_weights(p.w, false);
-  for (int i = threadIdx.x; i < C::kBc * C::kDim; i += C::kThreads) {
+  for (int i = threadIdx.x; i < C::kBc * C::kDim; i += kThreads) {
     const int n = i / C::kDim, k = i % C::kDim;
     *cta.at(0, n, k) =
         cta.n0 + n < p.batch ? p.h0[size_t(cta.n0 + n) * C::kDim + k] : __float2bfloat16_rn(0.f);
@@ -369,19 +371,19 @@ __global__ void __launch_bounds__(threads_of(G), 1) forward_kernel(Args p) {
       ob[k] = __float2bfloat16_rn(o);
       slot[n * kSrcRow + r] = hb[k];
     }
-    fence_async_global();
     mark<kTrace>(p, t, 4);
     if (!last) cta.publish(p, t);
     mark<kTrace>(p, t, 5);
     cta.store(p, p.out + t * BD, ob, p.h_all + (t + 1) * BD, hb);
+    __syncthreads();  // partial sums and inputs of step t read: step t + 1 may overwrite them
   }
   cluster.sync();  // no CTA leaves while another may still address its shared memory
   stamp<kTrace>(p, 1);
 }
 
-template <int KS, int NT, class Epi, int G>
-__global__ void __launch_bounds__(threads_of(G), 1) backward_kernel(Args p) {
-  using C = Cta<KS, NT, 3, G>;  // staged inputs: d_out_t, h_t (= h_all[t + 1]), z_t
+template <int KS, int NT, class Epi>
+__global__ void __launch_bounds__(kThreads, 1) backward_kernel(Args p) {
+  using C = Cta<KS, NT, 3>;  // staged inputs: d_out_t, h_t (= h_all[t + 1]), z_t
   cg::cluster_group cluster = cg::this_cluster();
   extern __shared__ __align__(16) unsigned char smem[];
   C cta(smem, cluster);
@@ -416,9 +418,9 @@ __global__ void __launch_bounds__(threads_of(G), 1) backward_kernel(Args p) {
       dzb[k] = __float2bfloat16_rn(dz);
       slot[n * kSrcRow + r] = dvb[k];
     }
-    fence_async_global();
     cta.publish(p, u);
     cta.store(p, p.dv + t * BD, dvb, p.dz + t * BD, dzb);
+    __syncthreads();  // partial sums and inputs of step u read
   }
   // dh0 = W_h^T dv_0, exchange T - 1.
   cta.multiply(T, T - 1, none);
@@ -436,50 +438,30 @@ __global__ void __launch_bounds__(threads_of(G), 1) backward_kernel(Args p) {
 // ---- planning and launch -------------------------------------------------------------
 using KernelPtr = void (*)(Args);
 
-int grid_choice() {  // DEV: ELMAN_GRID selects the warp grid
-  static int g = [] { const char* e = getenv("ELMAN_GRID"); return e ? atoi(e) : 1; }();
-  return g;
-}
-
-template <class Epi, int G>
-KernelPtr pick_g(int ks, int nt, bool backward, bool trace) {
+template <class Epi>
+KernelPtr pick(int ks, int nt, bool backward, bool trace = false) {
 #define ELMAN_CASE(KS, NT)                                                                   \
   if (ks == KS && nt == NT)                                                                  \
-    return backward ? backward_kernel<KS, NT, Epi, G>                                        \
-                    : trace ? forward_kernel<KS, NT, Epi, true, G> : forward_kernel<KS, NT, Epi, false, G>;
+    return backward ? backward_kernel<KS, NT, Epi>                                           \
+                    : trace ? forward_kernel<KS, NT, Epi, true> : forward_kernel<KS, NT, Epi, false>;
   ELMAN_CASE(1, 1) ELMAN_CASE(1, 2) ELMAN_CASE(2, 1) ELMAN_CASE(2, 2)
   ELMAN_CASE(3, 1) ELMAN_CASE(3, 2) ELMAN_CASE(4, 1) ELMAN_CASE(4, 2)
 #undef ELMAN_CASE
   return nullptr;
 }
-template <class Epi>
-KernelPtr pick(int ks, int nt, bool backward, bool trace = false) {
-  switch (grid_choice()) {
-    case 0: return pick_g<Epi, 0>(ks, nt, backward, trace);
-    case 2: return pick_g<Epi, 2>(ks, nt, backward, trace);
-    default: return pick_g<Epi, 1>(ks, nt, backward, trace);
-  }
+
+template <int KS>
+int smem_for_ks(int nt, bool backward) {
+  if (nt == 1) return backward ? Cta<KS, 1, 3>::kSmem : Cta<KS, 1, 2>::kSmem;
+  return backward ? Cta<KS, 2, 3>::kSmem : Cta<KS, 2, 2>::kSmem;
 }
 
-template <int KS, int G>
-int smem_for_ks(int nt, bool backward) {
-  if (nt == 1) return backward ? Cta<KS, 1, 3, G>::kSmem : Cta<KS, 1, 2, G>::kSmem;
-  return backward ? Cta<KS, 2, 3, G>::kSmem : Cta<KS, 2, 2, G>::kSmem;
-}
-template <int G>
-int smem_for_g(int ks, int nt, bool backward) {
-  switch (ks) {
-    case 1: return smem_for_ks<1, G>(nt, backward);
-    case 2: return smem_for_ks<2, G>(nt, backward);
-    case 3: return smem_for_ks<3, G>(nt, backward);
-    default: return smem_for_ks<4, G>(nt, backward);
-  }
-}
 int smem_for(int ks, int nt, bool backward) {
-  switch (grid_choice()) {
-    case 0: return smem_for_g<0>(ks, nt, backward);
-    case 2: return smem_for_g<2>(ks, nt, backward);
-    default: return smem_for_g<1>(ks, nt, backward);
+  switch (ks) {
+    case 1: return smem_for_ks<1>(nt, backward);
+    case 2: return smem_for_ks<2>(nt, backward);
+    case 3: return smem_for_ks<3>(nt, backward);
+    default: return smem_for_ks<4>(nt, backward);
   }
 }
 
@@ -492,7 +474,7 @@ cudaError_t launch(const PersistentPlan& plan, int dim, bool backward, cudaStrea
   }
   cudaLaunchAttribute attr[1];
   cudaLaunchConfig_t cfg =
-      cluster_launch_config(plan.cluster, plan.clusters, threads_of(grid_choice()), plan.smem, stream, attr);
+      cluster_launch_config(plan.cluster, plan.clusters, kThreads, plan.smem, stream, attr);
   const cudaError_t e = cudaLaunchKernelEx(&cfg, k, args);  // attributes were set by the plan
   return e == cudaSuccess ? cudaGetLastError() : e;
 }
@@ -523,7 +505,7 @@ PersistentPlan dense_persistent_plan(int batch, int dim, bool backward) {
       active = 0;
       KernelPtr k = pick<TanhSiluGateT<true>>(dim / 256, nt, backward);
       cudaLaunchAttribute attr[1];
-      cudaLaunchConfig_t cfg = cluster_launch_config(plan.cluster, 1, threads_of(grid_choice()), smem, nullptr, attr);
+      cudaLaunchConfig_t cfg = cluster_launch_config(plan.cluster, 1, kThreads, smem, nullptr, attr);
       if (allow_cluster_launch(k, smem, plan.cluster) != cudaSuccess ||
           cudaOccupancyMaxActiveClusters(&active, k, &cfg) != cudaSuccess) {
         cudaGetLastError();
