@@ -30,6 +30,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <cstdlib>
 
 #include "cluster.cuh"
 #include "dense.h"
@@ -65,6 +66,7 @@ struct Args {
   __nv_bfloat16* dh0;                     // backward: [B][D]
   __nv_bfloat16* xchg;                    // [clusters][ranks][2][bc][kSrcRow]: published slices
   long long* trace;                       // optional: per-step phase clocks of CTA 0
+  int flags;                              // DEV: 1 stores before publish, 2 one bulk per CTA
 };
 
 // Phases of a step recorded by `trace` (clock64 at each boundary, kTracePhases per step).
@@ -204,9 +206,10 @@ struct Cta {
 
   // The receiver side of exchange number e (into buffer e + 1): one mbarrier per source
   // CTA, each expecting one slice.
+  bool flags2 = false;
   __device__ void expect(int e) {
     if (int(threadIdx.x) < kRanks)
-      mbar_expect(&bar()[((e + 1) & 1) * kRanks + threadIdx.x], kSliceBytes);
+      mbar_expect(&bar()[((e + 1) & 1) * kRanks + threadIdx.x], flags2 ? kBlock * 2 : kSliceBytes);
   }
   // Wait until source CTA `src`'s slice of exchange e has arrived.
   __device__ void wait_source(int e, int src) const {
@@ -309,6 +312,14 @@ struct Cta {
   // memory (L2) into the same place of buffer e + 1 of every CTA of the cluster, counted on
   // each receiver's mbarrier of this source.
   __device__ void publish(const Args& p, int e) const {
+    if (flags2) {
+      fence_async_global();
+      __syncthreads();
+      if (threadIdx.x == 0)
+        bulk_multicast(buffer(e + 1) + rank * kBlock, slot(p, e), kBlock * 2,
+                       &bar()[((e + 1) & 1) * kRanks + rank], uint16_t((1u << kRanks) - 1));
+      return;
+    }
     fence_async_global();
     __syncwarp();
     if (lane() == 0) {
@@ -328,6 +339,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(Args p) {
   cg::cluster_group cluster = cg::this_cluster();
   extern __shared__ __align__(16) unsigned char smem[];
   C cta(smem, cluster);
+  cta.flags2 = (p.flags & 2) != 0;
   stamp<kTrace>(p, 0);
   const size_t BD = size_t(p.batch) * C::kDim;
 
@@ -372,9 +384,10 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(Args p) {
       slot[n * kSrcRow + r] = hb[k];
     }
     mark<kTrace>(p, t, 4);
+    if (p.flags & 1) cta.store(p, p.out + t * BD, ob, p.h_all + (t + 1) * BD, hb);
     if (!last) cta.publish(p, t);
     mark<kTrace>(p, t, 5);
-    cta.store(p, p.out + t * BD, ob, p.h_all + (t + 1) * BD, hb);
+    if (!(p.flags & 1)) cta.store(p, p.out + t * BD, ob, p.h_all + (t + 1) * BD, hb);
     __syncthreads();  // partial sums and inputs of step t read: step t + 1 may overwrite them
   }
   cluster.sync();  // no CTA leaves while another may still address its shared memory
@@ -387,6 +400,7 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(Args p) {
   cg::cluster_group cluster = cg::this_cluster();
   extern __shared__ __align__(16) unsigned char smem[];
   C cta(smem, cluster);
+  cta.flags2 = (p.flags & 2) != 0;
   const size_t BD = size_t(p.batch) * C::kDim;
   const int T = p.steps;
   auto none = [] {};
@@ -418,8 +432,9 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(Args p) {
       dzb[k] = __float2bfloat16_rn(dz);
       slot[n * kSrcRow + r] = dvb[k];
     }
+    if (p.flags & 1) cta.store(p, p.dv + t * BD, dvb, p.dz + t * BD, dzb);
     cta.publish(p, u);
-    cta.store(p, p.dv + t * BD, dvb, p.dz + t * BD, dzb);
+    if (!(p.flags & 1)) cta.store(p, p.dv + t * BD, dvb, p.dz + t * BD, dzb);
     __syncthreads();  // partial sums and inputs of step u read
   }
   // dh0 = W_h^T dv_0, exchange T - 1.
@@ -466,7 +481,8 @@ int smem_for(int ks, int nt, bool backward) {
 }
 
 cudaError_t launch(const PersistentPlan& plan, int dim, bool backward, cudaStream_t stream,
-                   const Args& args) {
+                   Args args) {
+  { const char* f = getenv("ELMAN_FLAGS"); args.flags = f ? atoi(f) : 0; }
   KernelPtr k = pick<TanhSiluGateT<true>>(dim / 256, plan.bc / 8, backward, args.trace != nullptr);
   if (args.trace != nullptr) {  // the plan set the attributes of the untraced kernel only
     const cudaError_t e = allow_cluster_launch(k, plan.smem, plan.cluster);
