@@ -13,24 +13,24 @@
 //   2. sums the 8 partials of each row and applies the epilogue (bias, tanh, gate; or in
 //      backward the gate and tanh gradients), writing its part of the new state to a global
 //      staging slot;
-//   3. publishes it warp by warp, with no block barrier on the way: each warp fences its
-//      lanes' writes and one lane issues a bulk copy that multicasts the warp's 64-byte run
-//      from L2 into the other half of the state double buffer of every CTA of the cluster,
-//      counted in bytes on each receiver's mbarrier of this source. (Measured: this
-//      all-gather costs about half of st.async stores into every peer, because the slice
-//      leaves the SM once.) Only then are the step's outputs stored, and one block barrier
-//      ends the step (the partial sums and staged inputs are reused by the next step).
+//   3. publishes the slice: one thread issues a bulk copy that multicasts the slot from L2
+//      into the other half of the state double buffer of every CTA of the cluster, counted
+//      in bytes on each receiver's mbarrier of this source (measured: this all-gather costs
+//      about half of st.async stores into every peer, because the slice leaves the SM
+//      once), and only then stores the step's outputs, off the critical path.
 // No cluster-wide barrier runs per step. The double buffer is safe: a CTA publishes state
 // s + 2 into the buffer that held state s only after it received state s + 1 from every
 // CTA, and each CTA publishes s + 1 only after it finished reading s. A state buffer is
 // laid out [source CTA][batch column][64 + 8 padding], so that each source's slice is one
 // contiguous block and the mma B-fragment loads hit 32 distinct banks.
-// Per-step inputs (W_x x and z, or d_out, h and z) are staged one step ahead with cp.async.
+// Per-step inputs (W_x x and z, or d_out, h and z) are staged one step ahead with cp.async;
+// a thread reads its own at the start of the step and computes everything of the epilogue
+// that does not depend on the product (bias, gate; or the gate and tanh gradients) while it
+// waits for the state.
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include <cstdint>
-#include <cstdlib>
 
 #include "cluster.cuh"
 #include "dense.h"
@@ -66,7 +66,6 @@ struct Args {
   __nv_bfloat16* dh0;                     // backward: [B][D]
   __nv_bfloat16* xchg;                    // [clusters][ranks][2][bc][kSrcRow]: published slices
   long long* trace;                       // optional: per-step phase clocks of CTA 0
-  int flags;                              // DEV: 1 stores before publish, 2 one bulk per CTA
 };
 
 // Phases of a step recorded by `trace` (clock64 at each boundary, kTracePhases per step).
@@ -121,7 +120,7 @@ struct Cta {
   static constexpr int kBlock = kBc * kSrcRow;                // one source's slice in a buffer
   static constexpr int kStateElems = kRanks * kBlock;         // one state buffer
   static constexpr int kSlice = kBc * kRows;                   // one CTA's slice, elements
-  static constexpr uint32_t kSliceBytes = kSlice * 2;         // sent per step (no padding)
+  static constexpr uint32_t kBlockBytes = kBlock * 2;
   static constexpr int kPerThread = kSlice / kThreads;         // outputs per thread
   static constexpr int kChunks = kSlice / 8;                   // 16-byte chunks per slice
 
@@ -202,14 +201,15 @@ struct Cta {
     }
     asm volatile("cp.async.commit_group;\n" ::);
   }
-  __device__ static void wait_inputs() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+  // All staged inputs have landed (this thread's copies; a block barrier then shows them to
+  // every thread).
+  __device__ static void wait_inputs() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
   // The receiver side of exchange number e (into buffer e + 1): one mbarrier per source
   // CTA, each expecting one slice.
-  bool flags2 = false;
   __device__ void expect(int e) {
     if (int(threadIdx.x) < kRanks)
-      mbar_expect(&bar()[((e + 1) & 1) * kRanks + threadIdx.x], flags2 ? kBlock * 2 : kSliceBytes);
+      mbar_expect(&bar()[((e + 1) & 1) * kRanks + threadIdx.x], kBlockBytes);
   }
   // Wait until source CTA `src`'s slice of exchange e has arrived.
   __device__ void wait_source(int e, int src) const {
@@ -305,31 +305,19 @@ struct Cta {
   __device__ __nv_bfloat16* slot(const Args& p, int e) const {
     return p.xchg + ((size_t(blockIdx.x) * 2 + ((e + 1) & 1)) * kBlock);
   }
-  // Exchange e, sent by each warp for its own outputs: every lane has written its values of
-  // the new state into this CTA's slot; each lane makes its writes visible to the async
-  // proxy, and after the warp converges one lane issues, per output k, a bulk copy that
-  // multicasts the warp's 32 consecutive rows of one batch column (64 bytes) from global
-  // memory (L2) into the same place of buffer e + 1 of every CTA of the cluster, counted on
-  // each receiver's mbarrier of this source.
+  // Exchange e: the slice is in this CTA's slot (written by every thread). Each thread makes
+  // its writes visible to the async proxy; after the block barrier one thread issues a bulk
+  // copy that multicasts the slot from global memory (L2) into the same place of buffer
+  // e + 1 of every CTA of the cluster, counted on each receiver's mbarrier of this source.
+  // (Measured, dev-s4e: faster than one 64-byte multicast per warp with no block barrier.)
+  // The barrier also ends every read of this step's partial sums and staged inputs, so the
+  // next step may overwrite them.
   __device__ void publish(const Args& p, int e) const {
-    if (flags2) {
-      fence_async_global();
-      __syncthreads();
-      if (threadIdx.x == 0)
-        bulk_multicast(buffer(e + 1) + rank * kBlock, slot(p, e), kBlock * 2,
-                       &bar()[((e + 1) & 1) * kRanks + rank], uint16_t((1u << kRanks) - 1));
-      return;
-    }
     fence_async_global();
-    __syncwarp();
-    if (lane() == 0) {
-#pragma unroll
-      for (int k = 0; k < kPerThread; ++k) {
-        const int off = out_n(k) * kSrcRow + out_r(k);
-        bulk_multicast(buffer(e + 1) + rank * kBlock + off, slot(p, e) + off, 64,
-                       &bar()[((e + 1) & 1) * kRanks + rank], uint16_t((1u << kRanks) - 1));
-      }
-    }
+    __syncthreads();
+    if (threadIdx.x == 0)
+      bulk_multicast(buffer(e + 1) + rank * kBlock, slot(p, e), kBlockBytes,
+                     &bar()[((e + 1) & 1) * kRanks + rank], uint16_t((1u << kRanks) - 1));
   }
 };
 
@@ -339,7 +327,6 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(Args p) {
   cg::cluster_group cluster = cg::this_cluster();
   extern __shared__ __align__(16) unsigned char smem[];
   C cta(smem, cluster);
-  cta.flags2 = (p.flags & 2) != 0;
   stamp<kTrace>(p, 0);
   const size_t BD = size_t(p.batch) * C::kDim;
 
@@ -358,37 +345,42 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(Args p) {
     const size_t off = size_t(cta.n0 + n) * C::kDim + cta.row0 + r;
     if (cta.n0 + n < p.batch) p.h_all[off] = p.h0[off];
   }
-  cluster.sync();  // barriers initialised and h0 in place in every CTA
+  C::wait_inputs();
+  cluster.sync();  // barriers initialised, h0 and the inputs of step 0 in place in every CTA
 
   for (int t = 0; t < p.steps; ++t) {
     const bool last = t + 1 == p.steps;
     mark<kTrace>(p, t, 0);
     if (!last) cta.expect(t);                     // h_t arrives as exchange t
+    const __nv_bfloat16* in = cta.inputs(t);
+    float pre_v[C::kPerThread], pre_g[C::kPerThread];  // wx + b and gate(z): before the product
+#pragma unroll
+    for (int k = 0; k < C::kPerThread; ++k) {
+      const int j = C::out_n(k) * kRows + C::out_r(k);
+      pre_v[k] = to_float(in[j]) + bias[k];
+      pre_g[k] = Epi::gate(to_float(in[C::kSlice + j]));
+    }
     cta.stage_inputs(t + 1, p, t + 1, last);
     if (t == 0) mark<kTrace>(p, t, 1);
     cta.multiply(t, t - 1, [&] { mark<kTrace>(p, t, 1); });  // h_{t-1}: exchange t - 1 (h0 at t = 0)
     mark<kTrace>(p, t, 2);
-    C::wait_inputs();
-    __syncthreads();  // partial sums and inputs of step t complete
+    __syncthreads();  // partial sums complete
     mark<kTrace>(p, t, 3);
-    const __nv_bfloat16* in = cta.inputs(t);
     __nv_bfloat16* slot = cta.slot(p, t);
     __nv_bfloat16 hb[C::kPerThread], ob[C::kPerThread];
 #pragma unroll
-    for (int k = 0; k < C::kPerThread; ++k) {  // the new state first: it is on the critical path
-      const int n = C::out_n(k), r = C::out_r(k), j = n * kRows + r;
-      float h, o;
-      Epi::forward(cta.reduce(n, r) + to_float(in[j]) + bias[k], to_float(in[C::kSlice + j]), h, o);
+    for (int k = 0; k < C::kPerThread; ++k) {
+      const int n = C::out_n(k), r = C::out_r(k);
+      const float h = Epi::act(cta.reduce(n, r) + pre_v[k]);
       hb[k] = __float2bfloat16_rn(h);
-      ob[k] = __float2bfloat16_rn(o);
       slot[n * kSrcRow + r] = hb[k];
+      ob[k] = __float2bfloat16_rn(h * pre_g[k]);
     }
     mark<kTrace>(p, t, 4);
-    if (p.flags & 1) cta.store(p, p.out + t * BD, ob, p.h_all + (t + 1) * BD, hb);
+    C::wait_inputs();                  // step t + 1's inputs: the publish barrier shows them
     if (!last) cta.publish(p, t);
     mark<kTrace>(p, t, 5);
-    if (!(p.flags & 1)) cta.store(p, p.out + t * BD, ob, p.h_all + (t + 1) * BD, hb);
-    __syncthreads();  // partial sums and inputs of step t read: step t + 1 may overwrite them
+    cta.store(p, p.out + t * BD, ob, p.h_all + (t + 1) * BD, hb);
   }
   cluster.sync();  // no CTA leaves while another may still address its shared memory
   stamp<kTrace>(p, 1);
@@ -400,42 +392,45 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(Args p) {
   cg::cluster_group cluster = cg::this_cluster();
   extern __shared__ __align__(16) unsigned char smem[];
   C cta(smem, cluster);
-  cta.flags2 = (p.flags & 2) != 0;
   const size_t BD = size_t(p.batch) * C::kDim;
   const int T = p.steps;
   auto none = [] {};
 
   cta.stage_inputs(0, p, T - 1, false);
   cta.load_weights(p.w, true);
+  C::wait_inputs();
   cluster.sync();
 
   for (int u = 0; u < T; ++u) {  // u-th step from the end: t = T - 1 - u
     const int t = T - 1 - u;
     cta.expect(u);                                // dv_t is exchange u
+    const __nv_bfloat16* in = cta.inputs(u);
+    float pre_c[C::kPerThread], pre_f[C::kPerThread];  // dv = (acc + c) f: before the product
+    __nv_bfloat16 dzb[C::kPerThread];
+#pragma unroll
+    for (int k = 0; k < C::kPerThread; ++k) {
+      const int j = C::out_n(k) * kRows + C::out_r(k);
+      float dz;
+      Epi::backward_parts(to_float(in[j]), to_float(in[C::kSlice + j]),
+                          to_float(in[2 * C::kSlice + j]), pre_c[k], pre_f[k], dz);
+      dzb[k] = __float2bfloat16_rn(dz);
+    }
     cta.stage_inputs(u + 1, p, t > 0 ? t - 1 : 0, t == 0);
     if (u > 0) cta.multiply(u, u - 1, none);      // W_h^T dv_{t+1}: exchange u - 1
-    C::wait_inputs();
-    __syncthreads();
-    const __nv_bfloat16* in = cta.inputs(u);
+    __syncthreads();  // partial sums complete
     __nv_bfloat16* slot = cta.slot(p, u);
-    __nv_bfloat16 dvb[C::kPerThread], dzb[C::kPerThread];
+    __nv_bfloat16 dvb[C::kPerThread];
 #pragma unroll
-    for (int k = 0; k < C::kPerThread; ++k) {  // dv first: it is on the critical path
-      const int n = C::out_n(k), r = C::out_r(k), j = n * kRows + r;
-      const bool live = cta.n0 + n < p.batch;
+    for (int k = 0; k < C::kPerThread; ++k) {
+      const int n = C::out_n(k), r = C::out_r(k);
       const size_t off = size_t(cta.n0 + n) * C::kDim + cta.row0 + r;
-      const float acc = u > 0 ? cta.reduce(n, r) : (live ? to_float(p.d_hT[off]) : 0.f);
-      float dv, dz;
-      Epi::backward(acc, to_float(in[j]), to_float(in[C::kSlice + j]),
-                    to_float(in[2 * C::kSlice + j]), dv, dz);
-      dvb[k] = __float2bfloat16_rn(dv);
-      dzb[k] = __float2bfloat16_rn(dz);
+      const float acc = u > 0 ? cta.reduce(n, r) : (cta.n0 + n < p.batch ? to_float(p.d_hT[off]) : 0.f);
+      dvb[k] = __float2bfloat16_rn((acc + pre_c[k]) * pre_f[k]);
       slot[n * kSrcRow + r] = dvb[k];
     }
-    if (p.flags & 1) cta.store(p, p.dv + t * BD, dvb, p.dz + t * BD, dzb);
+    C::wait_inputs();
     cta.publish(p, u);
-    if (!(p.flags & 1)) cta.store(p, p.dv + t * BD, dvb, p.dz + t * BD, dzb);
-    __syncthreads();  // partial sums and inputs of step u read
+    cta.store(p, p.dv + t * BD, dvb, p.dz + t * BD, dzb);
   }
   // dh0 = W_h^T dv_0, exchange T - 1.
   cta.multiply(T, T - 1, none);
@@ -481,8 +476,7 @@ int smem_for(int ks, int nt, bool backward) {
 }
 
 cudaError_t launch(const PersistentPlan& plan, int dim, bool backward, cudaStream_t stream,
-                   Args args) {
-  { const char* f = getenv("ELMAN_FLAGS"); args.flags = f ? atoi(f) : 0; }
+                   const Args& args) {
   KernelPtr k = pick<TanhSiluGateT<true>>(dim / 256, plan.bc / 8, backward, args.trace != nullptr);
   if (args.trace != nullptr) {  // the plan set the attributes of the untraced kernel only
     const cudaError_t e = allow_cluster_launch(k, plan.smem, plan.cluster);
