@@ -6,7 +6,7 @@
 // columns as mma.sync A fragments. Each cluster owns `bc` (8 or 16) batch columns; clusters
 // never talk to each other. Per step a CTA
 //   1. multiplies its rows by the previous state (all D rows, bf16, in shared memory) with
-//      mma.m16n8k16 (fp32 accumulate, two independent chains per m-tile), one partial per
+//      mma.m16n8k16 (fp32 accumulate, four independent chains per warp), one partial per
 //      warp; before each k-step a warp waits only for the slice of the CTA that owns those
 //      columns (one mbarrier per source CTA), so early slices are multiplied while later
 //      ones are still arriving;
@@ -226,9 +226,13 @@ struct Cta {
     const __nv_bfloat16* src = buffer(i);
     const int g = lane() >> 2, q = lane() & 3;
     const int k0 = kgroup() * (kDim / kKGroups);
-    float acc[2][kMTiles][NT][4];  // even and odd k-steps: two independent chains
+    // Independent accumulator chains: with one n-tile a warp alternates two (even and odd
+    // k-steps) so that it has four mma in flight; with two n-tiles it has them already (and
+    // the registers of a second chain would spill).
+    constexpr int kChains = NT == 1 ? 2 : 1;
+    float acc[kChains][kMTiles][NT][4];
 #pragma unroll
-    for (int c = 0; c < 2; ++c)
+    for (int c = 0; c < kChains; ++c)
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
@@ -249,15 +253,17 @@ struct Cta {
         const uint32_t b0 = *reinterpret_cast<const uint32_t*>(row);
         const uint32_t b1 = *reinterpret_cast<const uint32_t*>(row + 8);
 #pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt) mma(acc[s & 1][mt][nt], a[mt][s], b0, b1);
+        for (int mt = 0; mt < kMTiles; ++mt) mma(acc[s % kChains][mt][nt], a[mt][s], b0, b1);
       }
     }
 #pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt)
+    for (int c = 1; c < kChains; ++c)
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
+      for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-        for (int r = 0; r < 4; ++r) acc[0][mt][nt][r] += acc[1][mt][nt][r];
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) acc[0][mt][nt][r] += acc[c][mt][nt][r];
     float* mine = red() + kgroup() * kBc * kRedStride;
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
