@@ -297,7 +297,8 @@ def target_table(recs: list[dict]) -> str:
                 r = layer.get((B, D))
                 value = r["metrics"]["fwdbwd_ms"]["median"] if r else None
             path = r["impl"] if r else "—"
-            shown = "not measured" if value is None else f"{value:.2f}"
+            # three decimals: a value just over a limit must not print as the limit itself
+            shown = "not measured" if value is None else f"{value:.3f}"
             met = lambda lim: "—" if value is None else ("yes" if value <= lim else "no")
             lines.append(f"| {measure} | {B} | {D} | <= {committed} | <= {moon} | {shown} | {path} "
                          f"| {met(committed)} | {met(moon)} |")
