@@ -31,7 +31,6 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
-#include <cstdlib>
 
 #include "cluster.cuh"
 #include "dense.h"
@@ -67,7 +66,6 @@ struct Args {
   __nv_bfloat16* dh0;                     // backward: [B][D]
   __nv_bfloat16* xchg;                    // [clusters][ranks][2][bc][kSrcRow]: published slices
   long long* trace;                       // optional: per-step phase clocks of CTA 0
-  int flags;  // DEV A/B: 1 no output stores, 2 no input staging, 4 stores deferred a step
 };
 
 // Phases of a step recorded by `trace` (clock64 at each boundary, kTracePhases per step).
@@ -356,7 +354,6 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(Args p) {
   C::wait_inputs();
   cluster.sync();  // barriers initialised, h0 and the inputs of step 0 in place in every CTA
 
-  __nv_bfloat16 hb_prev[C::kPerThread], ob_prev[C::kPerThread];
   for (int t = 0; t < p.steps; ++t) {
     const bool last = t + 1 == p.steps;
     mark<kTrace>(p, t, 0);
@@ -369,10 +366,9 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(Args p) {
       pre_v[k] = to_float(in[j]) + bias[k];
       pre_g[k] = Epi::gate(to_float(in[C::kSlice + j]));
     }
-    cta.stage_inputs(t + 1, p, t + 1, last || (p.flags & 2));
+    cta.stage_inputs(t + 1, p, t + 1, last);
     if (t == 0) mark<kTrace>(p, t, 1);
     cta.multiply(t, t - 1, [&] { mark<kTrace>(p, t, 1); });  // h_{t-1}: exchange t - 1 (h0 at t = 0)
-    if ((p.flags & 4) && t > 0) cta.store(p, p.out + (t - 1) * BD, ob_prev, p.h_all + t * BD, hb_prev);
     mark<kTrace>(p, t, 2);
     __syncthreads();  // partial sums complete
     mark<kTrace>(p, t, 3);
@@ -390,9 +386,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(Args p) {
     C::wait_inputs();                  // step t + 1's inputs: the publish barrier shows them
     if (!last) cta.publish(p, t);
     mark<kTrace>(p, t, 5);
-    if (!(p.flags & 5) || ((p.flags & 4) && last)) cta.store(p, p.out + t * BD, ob, p.h_all + (t + 1) * BD, hb);
-#pragma unroll
-    for (int k = 0; k < C::kPerThread; ++k) { hb_prev[k] = hb[k]; ob_prev[k] = ob[k]; }
+    cta.store(p, p.out + t * BD, ob, p.h_all + (t + 1) * BD, hb);
   }
   cluster.sync();  // no CTA leaves while another may still address its shared memory
   stamp<kTrace>(p, 1);
@@ -488,8 +482,7 @@ int smem_for(int ks, int nt, bool backward) {
 }
 
 cudaError_t launch(const PersistentPlan& plan, int dim, bool backward, cudaStream_t stream,
-                   Args args) {
-  { const char* f = getenv("ELMAN_FLAGS"); args.flags = f ? atoi(f) : 0; }
+                   const Args& args) {
   KernelPtr k = pick<TanhSiluGateT<true>>(dim / 256, plan.bc / 8, backward, args.trace != nullptr);
   if (args.trace != nullptr) {  // the plan set the attributes of the untraced kernel only
     const cudaError_t e = allow_cluster_launch(k, plan.smem, plan.cluster);
