@@ -6,7 +6,9 @@ racecheck:
     compute-sanitizer --tool racecheck --kernel-name kns=ward_kernel \
         python scripts/sanitize_persistent.py --small
 
-(racecheck of CUDA 13.0 stops with an internal error on these kernels: run 20261122T102755Z.)
+(racecheck of CUDA 13.0 stops with an internal error on these kernels at every size: runs
+20261122T102755Z and 20261122T120100Z_f37f80e_dev-racecheck-probe. It does follow each exchange
+mechanism alone, and making the staging synchronous does not help; see the probe run's notes.)
 """
 import sys
 
