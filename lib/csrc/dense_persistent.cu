@@ -101,6 +101,27 @@ __device__ __forceinline__ void stamp(const Args& p, int slot) {
     p.trace[p.steps * kTracePhases + 2 * slot + 1] = globaltimer();
   }
 }
+// The jitter build (ELMAN_JITTER; built and run only by tests/test_jitter_gpu.py): at each
+// synchronisation point of a step a quarter of the warps sleep a pseudo-random 0-2 us, a
+// different pattern per CTA, warp, step and point. The kernels' arithmetic order does not
+// depend on timing, so a race-free protocol gives bitwise the results of the normal build;
+// a race (a buffer read while it is overwritten, a slice used before it arrived) shows up
+// as a difference. This stands in for compute-sanitizer's racecheck, which stops with an
+// internal error on these kernels.
+__device__ __forceinline__ void jitter(int step, int point) {
+#ifdef ELMAN_JITTER
+  uint32_t h = (blockIdx.x * 0x9E3779B1u) ^ ((threadIdx.x >> 5) * 0x85EBCA77u) ^
+               (uint32_t(step) * 0xC2B2AE3Du) ^ (uint32_t(point) * 0x27D4EB2Fu);
+  h ^= h >> 15;
+  h *= 0x2C1B3C6Du;
+  h ^= h >> 12;
+  if ((h & 3) == 0) __nanosleep(h >> 21);  // up to 2047 ns
+#else
+  (void)step;
+  (void)point;
+#endif
+}
+
 // ---- PTX helpers ------------------------------------------------------------------------
 __device__ __forceinline__ uint32_t pack(__nv_bfloat16 lo, __nv_bfloat16 hi) {
   return uint32_t(__bfloat16_as_ushort(lo)) | (uint32_t(__bfloat16_as_ushort(hi)) << 16);
@@ -254,6 +275,7 @@ struct Cta {
       const int col = k0 + s * 16;
       if (e >= 0 && (s == 0 || col % kRows == 0)) {
         wait_source(e, col / kRows);
+        jitter(e, 6 + col / kRows);  // between the arrival of a slice and its use
         if (s == 0) first();
       }
 #pragma unroll
@@ -367,7 +389,9 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(Args p) {
   for (int t = 0; t < p.steps; ++t) {
     const bool last = t + 1 == p.steps;
     mark<kTrace>(p, t, 0);
+    jitter(t, 0);
     if (!last) cta.expect(t);                     // h_t arrives as exchange t
+    jitter(t, 1);
     const __nv_bfloat16* in = cta.inputs(t);
     float pre_v[C::kPerThread], pre_g[C::kPerThread];  // wx + b and gate(z): before the product
 #pragma unroll
@@ -377,9 +401,11 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(Args p) {
       pre_g[k] = Epi::gate(to_float(in[C::kSlice + j]));
     }
     cta.stage_inputs(t + kLead, p, t + kLead, t + kLead >= p.steps);
+    jitter(t, 2);
     if (t == 0) mark<kTrace>(p, t, 1);
     cta.multiply(t, t - 1, [&] { mark<kTrace>(p, t, 1); });  // h_{t-1}: exchange t - 1 (h0 at t = 0)
     mark<kTrace>(p, t, 2);
+    jitter(t, 3);
     __syncthreads();  // partial sums complete
     mark<kTrace>(p, t, 3);
     __nv_bfloat16* slot = cta.slot(p, t);
@@ -393,8 +419,10 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(Args p) {
       ob[k] = __float2bfloat16_rn(h * pre_g[k]);
     }
     mark<kTrace>(p, t, 4);
+    jitter(t, 4);
     C::wait_inputs();                  // step t + 1's inputs: the publish barrier shows them
     if (!last) cta.publish(p, t);
+    jitter(t, 5);
     mark<kTrace>(p, t, 5);
     cta.store(p, p.out + t * BD, ob, p.h_all + (t + 1) * BD, hb);
   }
@@ -419,9 +447,13 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(Args p) {
 
   for (int u = 0; u < T; ++u) {  // u-th step from the end: t = T - 1 - u
     const int t = T - 1 - u;
+    jitter(u, 0);
     cta.expect(u);                                // dv_t is exchange u
+    jitter(u, 1);
     cta.stage_inputs(u + kLead, p, t - kLead, u + kLead >= T);
+    jitter(u, 2);
     if (u > 0) cta.multiply(u, u - 1, none);      // W_h^T dv_{t+1}: exchange u - 1
+    jitter(u, 3);
     // dv = (acc + c) f: c, f and dz need no product. Computed after this warp's multiply (its
     // accumulators are dead: before it, at 16 batch columns, they would spill) while the
     // other warps finish theirs.
@@ -447,8 +479,10 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(Args p) {
       dvb[k] = __float2bfloat16_rn((acc + pre_c[k]) * pre_f[k]);
       slot[n * kSrcRow + r] = dvb[k];
     }
+    jitter(u, 4);
     C::wait_inputs();
     cta.publish(p, u);
+    jitter(u, 5);
     cta.store(p, p.dv + t * BD, dvb, p.dz + t * BD, dzb);
   }
   // dh0 = W_h^T dv_0, exchange T - 1.

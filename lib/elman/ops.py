@@ -17,6 +17,7 @@ import torch
 
 CSRC = Path(__file__).resolve().parent.parent / "csrc"
 _ext = None
+_ext_jitter = None
 _poison = False
 build_seconds: float | None = None
 
@@ -38,10 +39,16 @@ def build_dir(cc: tuple[int, int]) -> Path:
     return root / tag
 
 
-def load(verbose: bool = False):
-    """Build (first call) or load the extension; raise a clear error when impossible."""
-    global _ext, build_seconds
-    if _ext is not None:
+def load(verbose: bool = False, jitter: bool = False):
+    """Build (first call) or load the extension; raise a clear error when impossible.
+
+    `jitter=True` builds a second module, `elman_cuda_jitter`, whose persistent kernels sleep
+    pseudo-random times at their synchronisation points (ELMAN_JITTER in
+    lib/csrc/dense_persistent.cu); only tests/test_jitter_gpu.py uses it."""
+    global _ext, _ext_jitter, build_seconds
+    if jitter and _ext_jitter is not None:
+        return _ext_jitter
+    if not jitter and _ext is not None:
         return _ext
     if not torch.cuda.is_available():
         raise ExtensionUnavailable(
@@ -55,20 +62,25 @@ def load(verbose: bool = False):
     from torch.utils.cpp_extension import load as cpp_load
 
     sources = sorted(str(p) for p in (*CSRC.glob("*.cpp"), *CSRC.glob("*.cu")))
-    out = build_dir(cc)
+    out = build_dir(cc) / "jitter" if jitter else build_dir(cc)
     out.mkdir(parents=True, exist_ok=True)
     flags = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-lineinfo", *_arch_flags(cc)]
+    flags += ["-DELMAN_JITTER"] if jitter else []
     t0 = time.perf_counter()
     try:
-        _ext = cpp_load(name="elman_cuda", sources=sources, build_directory=str(out),
-                        extra_cflags=["-O3", "-std=c++17"], extra_cuda_cflags=flags,
-                        extra_ldflags=["-lcublas"], verbose=verbose)
+        ext = cpp_load(name="elman_cuda_jitter" if jitter else "elman_cuda", sources=sources,
+                       build_directory=str(out), extra_cflags=["-O3", "-std=c++17"],
+                       extra_cuda_cflags=flags, extra_ldflags=["-lcublas"], verbose=verbose)
     except Exception as exc:  # compiler output is in the exception text
         raise ExtensionUnavailable(f"building the elman CUDA extension failed: {exc}") from exc
-    build_seconds = time.perf_counter() - t0
-    print(f"elman: CUDA extension ready in {build_seconds:.1f} s "
+    seconds = time.perf_counter() - t0
+    print(f"elman: CUDA extension{' (jitter build)' if jitter else ''} ready in {seconds:.1f} s "
           f"(target {' '.join(_arch_flags(cc))}, cache {out})", flush=True)
-    return _ext
+    if jitter:
+        _ext_jitter = ext
+    else:
+        _ext, build_seconds = ext, seconds
+    return ext
 
 
 def empty(shape, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:

@@ -1,0 +1,74 @@
+"""Races in the persistent kernels, looked for by perturbing their timing.
+
+The jitter build (`ops.load(jitter=True)`, ELMAN_JITTER in lib/csrc/dense_persistent.cu) makes
+warps sleep pseudo-random times at every synchronisation point of a step: before and after
+the expect, around the staging, after each slice's arrival, around the partial-sum barrier
+and the publish. The kernels' arithmetic order does not depend on timing, so a race-free
+protocol gives every output bitwise as the normal build does. compute-sanitizer's racecheck
+stops with an internal error on these kernels, so this is their race check. Run by
+scripts/gpu_pass.sh; skipped without CUDA."""
+import pytest
+import torch
+
+from elman import dense, ops
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+# Every D the kernel takes; one and several clusters; odd B (dead batch columns); 16 batch
+# columns per cluster (B = 64, D = 1024).
+SHAPES = [(24, 3, 256), (24, 20, 512), (16, 4, 768), (24, 16, 1024), (12, 64, 1024)]
+
+
+def _inputs(T, B, D):
+    g = torch.Generator(device="cuda").manual_seed(T * 1000 + B * 10 + D)
+    s = dense.random_inputs(T, B, D, ("x", "z", "w_h", "b", "h0"), "cuda", g)
+    s = {k: v.detach().to(torch.bfloat16) for k, v in s.items()}
+    s["d_out"] = torch.randn(T, B, D, device="cuda", generator=g).to(torch.bfloat16)
+    s["d_hT"] = torch.randn(B, D, device="cuda", generator=g).to(torch.bfloat16)
+    return s
+
+
+def _run(ext, s):
+    T, B, D = s["x"].shape
+    out, h_all = torch.full_like(s["x"], float("nan")), s["x"].new_full((T + 1, B, D), float("nan"))
+    dv, dz, dh0 = torch.full_like(out, float("nan")), torch.full_like(out, float("nan")), s["h0"].clone()
+    ext.dense_forward(s["x"], s["z"], s["w_h"], s["b"], s["h0"], out, h_all, dense.GATE_SILU, True)
+    ext.dense_backward(s["w_h"], h_all, s["z"], s["d_out"], s["d_hT"], dv, dz, dh0, dense.GATE_SILU,
+                       True)
+    torch.cuda.synchronize()
+    return {"out": out, "h_all": h_all, "dv": dv, "dz": dz, "dh0": dh0}
+
+
+@pytest.mark.parametrize("T,B,D", SHAPES)
+def test_jitter_changes_no_bit(T, B, D):
+    assert dense.plan(B, D, torch.bfloat16) == "persistent"
+    s = _inputs(T, B, D)
+    plain, jittered = _run(ops.load(), s), _run(ops.load(jitter=True), s)
+    for name, a in plain.items():
+        assert not a.isnan().any(), f"{name}: the normal build left elements unwritten"
+        b = jittered[name]
+        assert torch.equal(a, b), (f"{name} differs under jitter at T={T} B={B} D={D}: "
+                                   f"{(a != b).sum().item()} elements, max |diff| "
+                                   f"{(a.float() - b.float()).abs().max().item():.3g}")
+
+
+def test_jitter_build_perturbs():
+    """The check above means something only if the jitter build really delays the steps."""
+    s = _inputs(64, 4, 512)
+
+    def elapsed_ms(ext):
+        best = float("inf")
+        for _ in range(3):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            _run(ext, s)
+            end.record()
+            torch.cuda.synchronize()
+            best = min(best, start.elapsed_time(end))
+        return best
+
+    plain, jittered = ops.load(), ops.load(jitter=True)
+    elapsed_ms(plain), elapsed_ms(jittered)  # warm-up
+    assert jittered.__name__ == "elman_cuda_jitter"
+    assert elapsed_ms(jittered) > 1.5 * elapsed_ms(plain)
