@@ -8,7 +8,8 @@ racecheck:
 
 (racecheck of CUDA 13.0 stops with an internal error on these kernels at every size: runs
 20261122T102755Z and 20261122T120100Z_f37f80e_dev-racecheck-probe. It does follow each exchange
-mechanism alone, and making the staging synchronous does not help; see the probe run's notes.)
+mechanism alone, and making the staging synchronous does not help; see the probe run's notes.
+The race check of these kernels is tests/test_jitter_gpu.py.)
 """
 import sys
 

@@ -5,8 +5,11 @@ warps sleep pseudo-random times at every synchronisation point of a step: before
 the expect, around the staging, after each slice's arrival, around the partial-sum barrier
 and the publish. The kernels' arithmetic order does not depend on timing, so a race-free
 protocol gives every output bitwise as the normal build does. compute-sanitizer's racecheck
-stops with an internal error on these kernels, so this is their race check. Run by
-scripts/gpu_pass.sh; skipped without CUDA."""
+stops with an internal error on these kernels, so this is their race check. What it can and
+cannot see (run 20261122T121304Z_c8e948f289_dev-mutate): a planted race between warps, the
+block barrier before the multicast removed, failed it; a planted early read of staged
+inputs (their copies started two steps before) passed, because jitter only slows warps down
+and those copies always land in time. Run by scripts/gpu_pass.sh; skipped without CUDA."""
 import pytest
 import torch
 
