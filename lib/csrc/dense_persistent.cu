@@ -24,9 +24,9 @@
 // laid out [source CTA][batch column][64 + 8 padding], so that each source's slice is one
 // contiguous block and the mma B-fragment loads hit 32 distinct banks.
 // Per-step inputs (W_x x and z, or d_out, h and z) are staged three steps ahead with cp.async;
-// a thread reads its own at the start of the step and computes everything of the epilogue
-// that does not depend on the product (bias, gate; or the gate and tanh gradients) while it
-// waits for the state.
+// a thread reads its own and computes everything of the epilogue that does not depend on the
+// product (bias and gate; in backward the gate and tanh gradients) before the partial-sum
+// barrier: in forward while it waits for the state, in backward right after its multiply.
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
