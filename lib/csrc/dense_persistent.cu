@@ -175,8 +175,10 @@ struct Cta {
     rank = int(cluster.block_rank());
     row0 = rank * kRows;
     n0 = int(blockIdx.x) / kRanks * kBc;
-    if (int(threadIdx.x) < 2 * kRanks) mbar_init(&bar()[threadIdx.x]);
-    if (threadIdx.x == 0) mbar_init_fence();
+    if (threadIdx.x == 0) {  // one thread initialises the barriers and fences its own inits
+      for (int i = 0; i < 2 * kRanks; ++i) mbar_init(&bar()[i]);
+      mbar_init_fence();
+    }
   }
 
   __device__ __nv_bfloat16* buffer(int i) const { return state() + (i & 1) * kStateElems; }
