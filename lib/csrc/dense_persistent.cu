@@ -263,15 +263,7 @@ struct Cta {
     // k-steps) so that it has four mma in flight; with two n-tiles it has them already (and
     // the registers of a second chain would spill).
     constexpr int kChains = NT == 1 ? 2 : 1;
-    float acc[kChains][kMTiles][NT][4];
-#pragma unroll
-    for (int c = 0; c < kChains; ++c)
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-          for (int r = 0; r < 4; ++r) acc[c][mt][nt][r] = 0.f;
+    float acc[kChains][kMTiles][NT][4] = {};
 #pragma unroll
     for (int s = 0; s < kSteps; ++s) {
       const int col = k0 + s * 16;
