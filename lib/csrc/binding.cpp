@@ -81,9 +81,7 @@ void dense_forward(const at::Tensor& wx, const at::Tensor& z, const at::Tensor& 
   long long* trace_ptr = nullptr;
   if (trace.has_value()) {
     TORCH_CHECK(persistent, "a trace is recorded by the persistent kernel only");
-    // one row of 6 marks per step and group of 8 batch columns (see dense.h)
-    const int64_t groups = elman::dense_persistent_plan(int(B), int(D), false).bc / 8;
-    Check{wx.device(), at::kLong}(*trace, "trace", {T * groups * 6 + 4});
+    Check{wx.device(), at::kLong}(*trace, "trace", {T * 6 + 4});
     trace_ptr = reinterpret_cast<long long*>(trace->data_ptr<int64_t>());
   }
   const c10::cuda::CUDAGuard guard(wx.device());

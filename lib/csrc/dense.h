@@ -51,7 +51,7 @@ struct PersistentPlan {
   const char* reason = "";
   int cluster = 0;     // CTAs per cluster; each owns 64 rows of W_h
   int clusters = 0;    // clusters launched; each owns `bc` batch columns
-  int bc = 0;          // batch columns per cluster: 8, or 16 as two groups of 8
+  int bc = 0;          // batch columns per cluster (8 or 16)
   int smem = 0;        // dynamic shared memory per CTA, bytes
   int max_active = 0;  // clusters of this shape the GPU can hold at once
   size_t xchg_bytes = 0;  // global staging of the state exchange (the launcher's `xchg`)
@@ -60,9 +60,8 @@ struct PersistentPlan {
 PersistentPlan dense_persistent_plan(int batch, int dim, bool backward);
 
 // `xchg`: plan.xchg_bytes of device memory (contents need no initialisation).
-// `trace` (may be null): int64 [steps * G * 6 + 4] with G = plan.bc / 8 groups of 8 batch
-// columns; CTA 0 records clock64 at six phase boundaries of every step and group (row
-// t * G + g), then clock64 and %globaltimer at kernel start and end.
+// `trace` (may be null): int64 [steps * 6 + 4]; CTA 0 records clock64 at six phase
+// boundaries of every step, then clock64 and %globaltimer at kernel start and end.
 cudaError_t dense_persistent_forward(cudaStream_t stream, int epilogue, int steps, int batch,
                                      int dim, const void* wx, const void* z, const void* w_h,
                                      const void* b, const void* h0, void* out, void* h_all,

@@ -4,9 +4,7 @@
 // registers for the whole sequence: CTA r owns rows [64 r, 64 r + 64); its 16 warps form a
 // 2 x 8 grid, warp (m, k) holding rows [32 m, 32 m + 32) of the slice for one eighth of the
 // columns as mma.sync A fragments. Each cluster owns `bc` (8 or 16) batch columns; clusters
-// never talk to each other. The columns form groups of 8 whose recurrences are independent:
-// with 16 columns a step is two half-steps, one per group, so that one group's exchange is
-// in flight while the other multiplies. Per step and group a CTA
+// never talk to each other. Per step a CTA
 //   1. multiplies its rows by the previous state (all D rows, bf16, in shared memory) with
 //      mma.m16n8k16 (fp32 accumulate, four independent chains per warp), one partial per
 //      warp; before each k-step a warp waits only for the slice of the CTA that owns those
@@ -75,9 +73,8 @@ struct Args {
   long long* trace;                       // optional: per-step phase clocks of CTA 0
 };
 
-// Phases of a half-step (one group of 8 batch columns) recorded by `trace`: clock64 at each
-// boundary, kTracePhases per row, one row per step and group (T G rows). After them: clock64
-// and %globaltimer (ns) at kernel start and end, for the clock rate.
+// Phases of a step recorded by `trace` (clock64 at each boundary, kTracePhases per step).
+// After the T steps: clock64 and %globaltimer (ns) at kernel start and end, for the clock rate.
 constexpr int kTracePhases = 6;  // start, state arrived, multiplied, inputs+partials ready,
                                  // epilogue done, sent
 
@@ -98,10 +95,10 @@ __device__ __forceinline__ void mark(const Args& p, int step, int phase) {
   if (tracing<kTrace>()) p.trace[step * kTracePhases + phase] = clock64();
 }
 template <bool kTrace>
-__device__ __forceinline__ void stamp(const Args& p, int rows, int slot) {
+__device__ __forceinline__ void stamp(const Args& p, int slot) {
   if (tracing<kTrace>()) {
-    p.trace[rows * kTracePhases + 2 * slot] = clock64();
-    p.trace[rows * kTracePhases + 2 * slot + 1] = globaltimer();
+    p.trace[p.steps * kTracePhases + 2 * slot] = clock64();
+    p.trace[p.steps * kTracePhases + 2 * slot + 1] = globaltimer();
   }
 }
 // The jitter build (ELMAN_JITTER; built and run only by tests/test_jitter_gpu.py): at each
@@ -139,33 +136,25 @@ __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint3
 }
 
 // ---- the per-CTA machinery shared by forward and backward ---------------------------------
-// KS = D / 256; G independent groups of 8 batch columns (bc = 8 G); kIn staged input tensors.
-//
-// With G = 2 (16 batch columns a cluster, when the GPU cannot hold one cluster per 8 columns)
-// the two groups' recurrences are independent, so a step runs them one after the other as two
-// half-steps, each with its own state buffers, barriers and exchange: group 0's exchange is in
-// flight while group 1 multiplies, and the other way round. (Measured: a multiply of 16
-// columns costs about twice one of 8, so the exchange, the largest single cost of a step, hides
-// instead of waiting.)
-template <int KS, int G, int kIn>
+// KS = D / 256; NT = bc / 8 mma n-tiles; kIn staged input tensors.
+template <int KS, int NT, int kIn>
 struct Cta {
-  static constexpr int kBc = G * 8;
+  static constexpr int kBc = NT * 8;
   static constexpr int kDim = KS * 256;
   static constexpr int kRanks = kDim / kRows;                  // CTAs of the cluster
   static constexpr int kSteps = kDim / kKGroups / 16;          // mma k-steps per warp
-  static constexpr int kBlock = 8 * kSrcRow;                   // one source's slice of a group
-  static constexpr int kStateElems = kRanks * kBlock;          // one state buffer of a group
-  static constexpr int kSlice = kBc * kRows;                   // one CTA's staged inputs, elements
+  static constexpr int kBlock = kBc * kSrcRow;                // one source's slice in a buffer
+  static constexpr int kStateElems = kRanks * kBlock;         // one state buffer
+  static constexpr int kSlice = kBc * kRows;                   // one CTA's slice, elements
   static constexpr uint32_t kBlockBytes = kBlock * 2;
+  static constexpr int kPerThread = kSlice / kThreads;         // outputs per thread
   static constexpr int kChunks = kSlice / 8;                   // 16-byte chunks per slice
-  static_assert(kThreads == 8 * kRows, "one output per thread and group");
 
-  // Shared memory: state[G][2][source][n][kSrcRow] | red | stage[kStages][kIn] |
-  // mbar[G][2][source]
-  static constexpr int kRedOffset = G * 2 * kStateElems * 2;
-  static constexpr int kStageOffset = kRedOffset + kKGroups * 8 * kRedStride * 4;
+  // Shared memory: state[2][source][n][kSrcRow] | red | stage[kStages][kIn] | mbar[2][source]
+  static constexpr int kRedOffset = 2 * kStateElems * 2;
+  static constexpr int kStageOffset = kRedOffset + kKGroups * kBc * kRedStride * 4;
   static constexpr int kBarOffset = kStageOffset + kStages * kIn * kSlice * 2;
-  static constexpr int kSmem = kBarOffset + G * 2 * kRanks * 8;
+  static constexpr int kSmem = kBarOffset + 2 * kRanks * 8;
 
   // Shared memory is addressed from one base, so the layout costs no registers.
   unsigned char* base;
@@ -177,9 +166,7 @@ struct Cta {
   __device__ __nv_bfloat16* stage() const {
     return reinterpret_cast<__nv_bfloat16*>(base + kStageOffset);
   }
-  __device__ uint64_t* bar(int g, int i) const {
-    return reinterpret_cast<uint64_t*>(base + kBarOffset) + (g * 2 + (i & 1)) * kRanks;
-  }
+  __device__ uint64_t* bar() const { return reinterpret_cast<uint64_t*>(base + kBarOffset); }
   __device__ static int lane() { return int(threadIdx.x) & 31; }
   __device__ static int kgroup() { return (int(threadIdx.x) >> 5) % kKGroups; }
   __device__ static int mrow0() { return (int(threadIdx.x) >> 5) / kKGroups * kMTiles * 16; }
@@ -189,21 +176,18 @@ struct Cta {
     row0 = rank * kRows;
     n0 = int(blockIdx.x) / kRanks * kBc;
     if (threadIdx.x == 0) {  // one thread initialises the barriers and fences its own inits
-      for (int i = 0; i < G * 2 * kRanks; ++i) mbar_init(bar(0, 0) + i);
+      for (int i = 0; i < 2 * kRanks; ++i) mbar_init(&bar()[i]);
       mbar_init_fence();
     }
   }
 
-  // State buffer i (of two) of group g: [source][n][kSrcRow].
-  __device__ __nv_bfloat16* buffer(int g, int i) const {
-    return state() + (g * 2 + (i & 1)) * kStateElems;
-  }
+  __device__ __nv_bfloat16* buffer(int i) const { return state() + (i & 1) * kStateElems; }
   __device__ const __nv_bfloat16* inputs(int i) const {
     return stage() + (i % kStages) * kIn * kSlice;
   }
-  // Element k of column n (of 8) of group g's buffer i (the layout the exchange writes).
-  __device__ __nv_bfloat16* at(int g, int i, int n, int k) const {
-    return buffer(g, i) + (k / kRows) * kBlock + n * kSrcRow + k % kRows;
+  // Element k of batch column n of buffer i (the layout the exchange writes).
+  __device__ __nv_bfloat16* at(int i, int n, int k) const {
+    return buffer(i) + (k / kRows) * kBlock + n * kSrcRow + k % kRows;
   }
 
   // This warp's A fragments of rows [row0, row0 + 64) of W (transposed: of W^T).
@@ -231,8 +215,8 @@ struct Cta {
     return k == 0 ? p.d_out : k == 1 ? p.h_all + size_t(p.batch) * kDim : p.z;
   }
 
-  // Stage step t of the inputs (all groups) into input buffer i (live batches only), as one
-  // cp.async group; `skip` commits an empty group (keeps the group count uniform).
+  // Stage step t of the inputs into input buffer i (live batches only), as one cp.async
+  // group; `skip` commits an empty group (keeps the group count uniform).
   __device__ void stage_inputs(int i, const Args& p, int t, bool skip) {
     const int batch = p.batch;
     __nv_bfloat16* dst = stage() + (i % kStages) * kIn * kSlice;
@@ -254,165 +238,195 @@ struct Cta {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(kLead - 1) : "memory");
   }
 
-  // The receiver side of group g's exchange number e (into its buffer e + 1): one mbarrier
-  // per source CTA, each expecting one slice.
-  __device__ void expect(int g, int e) {
-    if (int(threadIdx.x) < kRanks) mbar_expect(bar(g, e + 1) + threadIdx.x, kBlockBytes);
+  // The receiver side of exchange number e (into buffer e + 1): one mbarrier per source
+  // CTA, each expecting one slice.
+  __device__ void expect(int e) {
+    if (int(threadIdx.x) < kRanks)
+      mbar_expect(&bar()[((e + 1) & 1) * kRanks + threadIdx.x], kBlockBytes);
   }
-  // Wait until source CTA `src`'s slice of group g's exchange e has arrived.
-  __device__ void wait_source(int g, int e, int src) const {
-    mbar_wait(bar(g, e + 1) + src, (e >> 1) & 1);
+  // Wait until source CTA `src`'s slice of exchange e has arrived.
+  __device__ void wait_source(int e, int src) const {
+    mbar_wait(&bar()[((e + 1) & 1) * kRanks + src], (e >> 1) & 1);
   }
 
-  // Partial products of this warp's rows and columns with group g's state buffer i, into
+  // Partial products of this warp's rows and columns with state buffer i, into
   // red[k-group][n][row]. With `e` >= 0 the buffer is being filled by exchange e: before
   // each k-step the warp waits for the slice of the CTA that owns those columns, so the
   // multiply of early slices overlaps the arrival of later ones. `first` runs after the
   // first wait.
   template <class First>
-  __device__ void multiply(int g, int i, int e, First first) {
-    const __nv_bfloat16* src = buffer(g, i);
-    const int lg = lane() >> 2, q = lane() & 3;
+  __device__ void multiply(int i, int e, First first) {
+    const __nv_bfloat16* src = buffer(i);
+    const int g = lane() >> 2, q = lane() & 3;
     const int k0 = kgroup() * (kDim / kKGroups);
-    // Two independent accumulator chains (even and odd k-steps): four mma in flight a warp.
-    float acc[2][kMTiles][4] = {};
+    // Independent accumulator chains: with one n-tile a warp alternates two (even and odd
+    // k-steps) so that it has four mma in flight; with two n-tiles it has them already (and
+    // the registers of a second chain would spill).
+    constexpr int kChains = NT == 1 ? 2 : 1;
+    float acc[kChains][kMTiles][NT][4] = {};
 #pragma unroll
     for (int s = 0; s < kSteps; ++s) {
       const int col = k0 + s * 16;
       if (e >= 0 && (s == 0 || col % kRows == 0)) {
-        wait_source(g, e, col / kRows);
+        wait_source(e, col / kRows);
         jitter(e, 6 + col / kRows);  // between the arrival of a slice and its use
         if (s == 0) first();
       }
-      const __nv_bfloat16* row = src + (col / kRows) * kBlock + lg * kSrcRow + col % kRows + 2 * q;
-      const uint32_t b0 = *reinterpret_cast<const uint32_t*>(row);
-      const uint32_t b1 = *reinterpret_cast<const uint32_t*>(row + 8);
 #pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) mma(acc[s % 2][mt], a[mt][s], b0, b1);
-    }
-    float* mine = red() + kgroup() * 8 * kRedStride;
+      for (int nt = 0; nt < NT; ++nt) {
+        const __nv_bfloat16* row = src + (col / kRows) * kBlock + (nt * 8 + g) * kSrcRow +
+                                   col % kRows + 2 * q;
+        const uint32_t b0 = *reinterpret_cast<const uint32_t*>(row);
+        const uint32_t b1 = *reinterpret_cast<const uint32_t*>(row + 8);
 #pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt) {
-      const int row = mrow0() + mt * 16 + lg, col = 2 * q;
-      mine[col * kRedStride + row] = acc[0][mt][0] + acc[1][mt][0];
-      mine[(col + 1) * kRedStride + row] = acc[0][mt][1] + acc[1][mt][1];
-      mine[col * kRedStride + row + 8] = acc[0][mt][2] + acc[1][mt][2];
-      mine[(col + 1) * kRedStride + row + 8] = acc[0][mt][3] + acc[1][mt][3];
+        for (int mt = 0; mt < kMTiles; ++mt) mma(acc[s % kChains][mt][nt], a[mt][s], b0, b1);
+      }
     }
+#pragma unroll
+    for (int c = 1; c < kChains; ++c)
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) acc[0][mt][nt][r] += acc[c][mt][nt][r];
+    float* mine = red() + kgroup() * kBc * kRedStride;
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const int row = mrow0() + mt * 16 + g, col = nt * 8 + 2 * q;
+        mine[col * kRedStride + row] = acc[0][mt][nt][0];
+        mine[(col + 1) * kRedStride + row] = acc[0][mt][nt][1];
+        mine[col * kRedStride + row + 8] = acc[0][mt][nt][2];
+        mine[(col + 1) * kRedStride + row + 8] = acc[0][mt][nt][3];
+      }
   }
 
-  // This thread's output of each group: column out_n() (of 8) of the group, row out_r().
-  __device__ static int out_n() { return int(threadIdx.x) / kRows; }
-  __device__ static int out_r() { return int(threadIdx.x) % kRows; }
-  // Index of this thread's output of group g in a staged [bc][64] input slice.
-  __device__ static int in_index(int g) { return (g * 8 + out_n()) * kRows + out_r(); }
-  // Offset of this thread's output of group g in a [B][D] plane; -1 for a dead batch column.
-  __device__ long long out_offset(const Args& p, int g) const {
-    const int n = n0 + g * 8 + out_n();
-    return n < p.batch ? (long long)n * kDim + row0 + out_r() : -1;
-  }
-
-  // The sum of the 8 partials of this thread's output.
-  __device__ float reduce() const {
+  __device__ float reduce(int n, int r) const {
     float s = 0.f;
-    const float* partial = red() + out_n() * kRedStride + out_r();
+    const float* partial = red() + n * kRedStride + r;
 #pragma unroll
-    for (int w = 0; w < kKGroups; ++w) s += partial[w * 8 * kRedStride];
+    for (int w = 0; w < kKGroups; ++w) s += partial[w * kBc * kRedStride];
     return s;
   }
 
-  // Group g's slot for exchange e in the global staging buffer: [8][kSrcRow]. Each thread
-  // writes its value of the new slice there.
-  __device__ void put(const Args& p, int g, int e, __nv_bfloat16 v) const {
-    p.xchg[((size_t(blockIdx.x) * G + g) * 2 + ((e + 1) & 1)) * kBlock + out_n() * kSrcRow +
-           out_r()] = v;
+  // Output k of this thread (j = tid + 512 k): batch column n = j / 64, row r = j % 64. A
+  // warp holds rows [r0, r0 + 32) of one column, as lanes.
+  __device__ static int out_n(int k) { return (int(threadIdx.x) + k * kThreads) / kRows; }
+  __device__ static int out_r(int k) { return (int(threadIdx.x) + k * kThreads) % kRows; }
+
+  // Store this thread's outputs of one step, a[k] into x and b[k] into y ([B][D] planes of
+  // [T][B][D] tensors), for the live batch columns. Runs after the slice has been published,
+  // off the step's critical path (the values are in registers: the staged inputs may be
+  // overwritten by then).
+  __device__ void store(const Args& p, __nv_bfloat16* x, const __nv_bfloat16 (&a)[kPerThread],
+                        __nv_bfloat16* y, const __nv_bfloat16 (&b)[kPerThread]) const {
+#pragma unroll
+    for (int k = 0; k < kPerThread; ++k) {
+      const int n = out_n(k), r = out_r(k);
+      if (n0 + n < p.batch) {
+        const size_t off = size_t(n0 + n) * kDim + row0 + r;
+        x[off] = a[k];
+        y[off] = b[k];
+      }
+    }
   }
-  // Group g's exchange e: the slice is in its slot. Each thread makes its writes visible to
-  // the async proxy; after the block barrier one thread issues a bulk copy that multicasts
-  // the slot from global memory (L2) into the same place of group g's buffer e + 1 of every
-  // CTA of the cluster, counted on each receiver's mbarrier of this source. (Measured,
-  // dev-s4e: faster than one 64-byte multicast per warp with no block barrier.) The barrier
-  // also ends every read of this half-step's partial sums and staged inputs, so the next one
-  // may overwrite them; at the last step (`send` false) only the barrier runs.
-  __device__ void publish(const Args& p, int g, int e, bool send) const {
+
+  // This CTA's slot for exchange e in the global staging buffer: [bc][kSrcRow].
+  __device__ __nv_bfloat16* slot(const Args& p, int e) const {
+    return p.xchg + ((size_t(blockIdx.x) * 2 + ((e + 1) & 1)) * kBlock);
+  }
+  // Exchange e: the slice is in this CTA's slot (written by every thread). Each thread makes
+  // its writes visible to the async proxy; after the block barrier one thread issues a bulk
+  // copy that multicasts the slot from global memory (L2) into the same place of buffer
+  // e + 1 of every CTA of the cluster, counted on each receiver's mbarrier of this source.
+  // (Measured, dev-s4e: faster than one 64-byte multicast per warp with no block barrier.)
+  // The barrier also ends every read of this step's partial sums and staged inputs, so the
+  // next step may overwrite them.
+  __device__ void publish(const Args& p, int e) const {
     fence_async_global();
     __syncthreads();
-    if (send && threadIdx.x == 0)
-      bulk_multicast(buffer(g, e + 1) + rank * kBlock,
-                     p.xchg + ((size_t(blockIdx.x) * G + g) * 2 + ((e + 1) & 1)) * kBlock,
-                     kBlockBytes, bar(g, e + 1) + rank, uint16_t((1u << kRanks) - 1));
+    if (threadIdx.x == 0)
+      bulk_multicast(buffer(e + 1) + rank * kBlock, slot(p, e), kBlockBytes,
+                     &bar()[((e + 1) & 1) * kRanks + rank], uint16_t((1u << kRanks) - 1));
   }
 };
 
-template <int KS, int G, class Epi, bool kTrace>
+template <int KS, int NT, class Epi, bool kTrace>
 __global__ void __launch_bounds__(kThreads, 1) forward_kernel(Args p) {
-  using C = Cta<KS, G, 2>;  // staged inputs: wx, z
+  using C = Cta<KS, NT, 2>;  // staged inputs: wx, z
   cg::cluster_group cluster = cg::this_cluster();
   extern __shared__ __align__(16) unsigned char smem[];
   C cta(smem, cluster);
-  stamp<kTrace>(p, p.steps * G, 0);
+  stamp<kTrace>(p, 0);
   const size_t BD = size_t(p.batch) * C::kDim;
 
   for (int i = 0; i < kLead; ++i) cta.stage_inputs(i, p, i, i >= p.steps);
   cta.load_weights(p.w, false);
   for (int i = threadIdx.x; i < C::kBc * C::kDim; i += kThreads) {
     const int n = i / C::kDim, k = i % C::kDim;
-    *cta.at(n / 8, 0, n % 8, k) =
+    *cta.at(0, n, k) =
         cta.n0 + n < p.batch ? p.h0[size_t(cta.n0 + n) * C::kDim + k] : __float2bfloat16_rn(0.f);
   }
-  const float bias = to_float(p.b[cta.row0 + C::out_r()]);
+  float bias[C::kPerThread];
 #pragma unroll
-  for (int g = 0; g < G; ++g) {
-    const long long off = cta.out_offset(p, g);
-    if (off >= 0) p.h_all[off] = p.h0[off];
+  for (int k = 0; k < C::kPerThread; ++k) {
+    const int n = C::out_n(k), r = C::out_r(k);
+    bias[k] = to_float(p.b[cta.row0 + r]);
+    const size_t off = size_t(cta.n0 + n) * C::kDim + cta.row0 + r;
+    if (cta.n0 + n < p.batch) p.h_all[off] = p.h0[off];
   }
   C::wait_inputs();
   cluster.sync();  // barriers initialised, h0 and the inputs of step 0 in place in every CTA
 
   for (int t = 0; t < p.steps; ++t) {
     const bool last = t + 1 == p.steps;
+    mark<kTrace>(p, t, 0);
+    jitter(t, 0);
+    if (!last) cta.expect(t);                     // h_t arrives as exchange t
+    jitter(t, 1);
+    const __nv_bfloat16* in = cta.inputs(t);
+    float pre_v[C::kPerThread], pre_g[C::kPerThread];  // wx + b and gate(z): before the product
 #pragma unroll
-    for (int g = 0; g < G; ++g) {  // half-steps: group g's exchange flies during the next
-      const int m = t * G + g;       // trace row
-      mark<kTrace>(p, m, 0);
-      jitter(m, 0);
-      if (!last) cta.expect(g, t);  // group g's h_t arrives as its exchange t
-      jitter(m, 1);
-      const __nv_bfloat16* in = cta.inputs(t);
-      const int j = C::in_index(g);
-      const float pre_v = to_float(in[j]) + bias;            // wx + b: before the product
-      const float pre_g = Epi::gate(to_float(in[C::kSlice + j]));
-      if (g == 0) cta.stage_inputs(t + kLead, p, t + kLead, t + kLead >= p.steps);
-      jitter(m, 2);
-      if (t == 0) mark<kTrace>(p, m, 1);
-      cta.multiply(g, t, t - 1, [&] { mark<kTrace>(p, m, 1); });  // h_{t-1} (h0 at t = 0)
-      mark<kTrace>(p, m, 2);
-      jitter(m, 3);
-      __syncthreads();  // partial sums complete
-      mark<kTrace>(p, m, 3);
-      const float h = Epi::act(cta.reduce() + pre_v);
-      const __nv_bfloat16 hb = __float2bfloat16_rn(h);
-      cta.put(p, g, t, hb);
-      mark<kTrace>(p, m, 4);
-      jitter(m, 4);
-      if (g == G - 1) C::wait_inputs();  // step t + 1's inputs: the publish barrier shows them
-      cta.publish(p, g, t, !last);
-      jitter(m, 5);
-      mark<kTrace>(p, m, 5);
-      const long long off = cta.out_offset(p, g);  // outputs: off the critical path
-      if (off >= 0) {
-        p.out[t * BD + off] = __float2bfloat16_rn(h * pre_g);
-        p.h_all[(t + 1) * BD + off] = hb;
-      }
+    for (int k = 0; k < C::kPerThread; ++k) {
+      const int j = C::out_n(k) * kRows + C::out_r(k);
+      pre_v[k] = to_float(in[j]) + bias[k];
+      pre_g[k] = Epi::gate(to_float(in[C::kSlice + j]));
     }
+    cta.stage_inputs(t + kLead, p, t + kLead, t + kLead >= p.steps);
+    jitter(t, 2);
+    if (t == 0) mark<kTrace>(p, t, 1);
+    cta.multiply(t, t - 1, [&] { mark<kTrace>(p, t, 1); });  // h_{t-1}: exchange t - 1 (h0 at t = 0)
+    mark<kTrace>(p, t, 2);
+    jitter(t, 3);
+    __syncthreads();  // partial sums complete
+    mark<kTrace>(p, t, 3);
+    __nv_bfloat16* slot = cta.slot(p, t);
+    __nv_bfloat16 hb[C::kPerThread], ob[C::kPerThread];
+#pragma unroll
+    for (int k = 0; k < C::kPerThread; ++k) {
+      const int n = C::out_n(k), r = C::out_r(k);
+      const float h = Epi::act(cta.reduce(n, r) + pre_v[k]);
+      hb[k] = __float2bfloat16_rn(h);
+      slot[n * kSrcRow + r] = hb[k];
+      ob[k] = __float2bfloat16_rn(h * pre_g[k]);
+    }
+    mark<kTrace>(p, t, 4);
+    jitter(t, 4);
+    C::wait_inputs();                  // step t + 1's inputs: the publish barrier shows them
+    if (!last) cta.publish(p, t);
+    jitter(t, 5);
+    mark<kTrace>(p, t, 5);
+    cta.store(p, p.out + t * BD, ob, p.h_all + (t + 1) * BD, hb);
   }
   cluster.sync();  // no CTA leaves while another may still address its shared memory
-  stamp<kTrace>(p, p.steps * G, 1);
+  stamp<kTrace>(p, 1);
 }
 
-template <int KS, int G, class Epi>
+template <int KS, int NT, class Epi>
 __global__ void __launch_bounds__(kThreads, 1) backward_kernel(Args p) {
-  using C = Cta<KS, G, 3>;  // staged inputs: d_out_t, h_t (= h_all[t + 1]), z_t
+  using C = Cta<KS, NT, 3>;  // staged inputs: d_out_t, h_t (= h_all[t + 1]), z_t
   cg::cluster_group cluster = cg::this_cluster();
   extern __shared__ __align__(16) unsigned char smem[];
   C cta(smem, cluster);
@@ -427,47 +441,53 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(Args p) {
 
   for (int u = 0; u < T; ++u) {  // u-th step from the end: t = T - 1 - u
     const int t = T - 1 - u;
+    jitter(u, 0);
+    cta.expect(u);                                // dv_t is exchange u
+    jitter(u, 1);
+    cta.stage_inputs(u + kLead, p, t - kLead, u + kLead >= T);
+    jitter(u, 2);
+    if (u > 0) cta.multiply(u, u - 1, none);      // W_h^T dv_{t+1}: exchange u - 1
+    jitter(u, 3);
+    // dv = (acc + c) f: c, f and dz need no product. Computed after this warp's multiply (its
+    // accumulators are dead: before it, at 16 batch columns, they would spill) while the
+    // other warps finish theirs.
+    const __nv_bfloat16* in = cta.inputs(u);
+    float pre_c[C::kPerThread], pre_f[C::kPerThread];
+    __nv_bfloat16 dzb[C::kPerThread];
 #pragma unroll
-    for (int g = 0; g < G; ++g) {
-      const int m = u * G + g;
-      jitter(m, 0);
-      cta.expect(g, u);                             // group g's dv_t is its exchange u
-      jitter(m, 1);
-      if (g == 0) cta.stage_inputs(u + kLead, p, t - kLead, u + kLead >= T);
-      jitter(m, 2);
-      if (u > 0) cta.multiply(g, u, u - 1, none);   // W_h^T dv_{t+1}: exchange u - 1
-      jitter(m, 3);
-      // dv = (acc + c) f: c, f and dz need no product; computed after this warp's multiply,
-      // while the other warps finish theirs.
-      const __nv_bfloat16* in = cta.inputs(u);
-      const int j = C::in_index(g);
-      float c, f, dz;
+    for (int k = 0; k < C::kPerThread; ++k) {
+      const int j = C::out_n(k) * kRows + C::out_r(k);
+      float dz;
       Epi::backward_parts(to_float(in[j]), to_float(in[C::kSlice + j]),
-                          to_float(in[2 * C::kSlice + j]), c, f, dz);
-      __syncthreads();  // partial sums complete
-      const long long off = cta.out_offset(p, g);
-      const float acc = u > 0 ? cta.reduce() : (off >= 0 ? to_float(p.d_hT[off]) : 0.f);
-      const __nv_bfloat16 dvb = __float2bfloat16_rn((acc + c) * f);
-      cta.put(p, g, u, dvb);
-      jitter(m, 4);
-      if (g == G - 1) C::wait_inputs();
-      cta.publish(p, g, u, true);
-      jitter(m, 5);
-      if (off >= 0) {
-        p.dv[t * BD + off] = dvb;
-        p.dz[t * BD + off] = __float2bfloat16_rn(dz);
-      }
+                          to_float(in[2 * C::kSlice + j]), pre_c[k], pre_f[k], dz);
+      dzb[k] = __float2bfloat16_rn(dz);
     }
-  }
-  // dh0 = W_h^T dv_0: each group's exchange T - 1.
+    __syncthreads();  // partial sums complete
+    __nv_bfloat16* slot = cta.slot(p, u);
+    __nv_bfloat16 dvb[C::kPerThread];
 #pragma unroll
-  for (int g = 0; g < G; ++g) {
-    cta.multiply(g, T, T - 1, none);
-    __syncthreads();
-    const float acc = cta.reduce();
-    const long long off = cta.out_offset(p, g);
-    if (off >= 0) p.dh0[off] = __float2bfloat16_rn(acc);
-    __syncthreads();  // the next group's multiply overwrites the partial sums
+    for (int k = 0; k < C::kPerThread; ++k) {
+      const int n = C::out_n(k), r = C::out_r(k);
+      const size_t off = size_t(cta.n0 + n) * C::kDim + cta.row0 + r;
+      const float acc = u > 0 ? cta.reduce(n, r) : (cta.n0 + n < p.batch ? to_float(p.d_hT[off]) : 0.f);
+      dvb[k] = __float2bfloat16_rn((acc + pre_c[k]) * pre_f[k]);
+      slot[n * kSrcRow + r] = dvb[k];
+    }
+    jitter(u, 4);
+    C::wait_inputs();
+    cta.publish(p, u);
+    jitter(u, 5);
+    cta.store(p, p.dv + t * BD, dvb, p.dz + t * BD, dzb);
+  }
+  // dh0 = W_h^T dv_0, exchange T - 1.
+  cta.multiply(T, T - 1, none);
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < C::kPerThread; ++k) {
+    const int n = C::out_n(k), r = C::out_r(k);
+    const float acc = cta.reduce(n, r);
+    if (cta.n0 + n < p.batch)
+      p.dh0[size_t(cta.n0 + n) * C::kDim + cta.row0 + r] = __float2bfloat16_rn(acc);
   }
   cluster.sync();
 }
@@ -476,11 +496,11 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(Args p) {
 using KernelPtr = void (*)(Args);
 
 template <class Epi>
-KernelPtr pick(int ks, int groups, bool backward, bool trace = false) {
-#define ELMAN_CASE(KS, G)                                                                    \
-  if (ks == KS && groups == G)                                                               \
-    return backward ? backward_kernel<KS, G, Epi>                                            \
-                    : trace ? forward_kernel<KS, G, Epi, true> : forward_kernel<KS, G, Epi, false>;
+KernelPtr pick(int ks, int nt, bool backward, bool trace = false) {
+#define ELMAN_CASE(KS, NT)                                                                   \
+  if (ks == KS && nt == NT)                                                                  \
+    return backward ? backward_kernel<KS, NT, Epi>                                           \
+                    : trace ? forward_kernel<KS, NT, Epi, true> : forward_kernel<KS, NT, Epi, false>;
   ELMAN_CASE(1, 1) ELMAN_CASE(1, 2) ELMAN_CASE(2, 1) ELMAN_CASE(2, 2)
   ELMAN_CASE(3, 1) ELMAN_CASE(3, 2) ELMAN_CASE(4, 1) ELMAN_CASE(4, 2)
 #undef ELMAN_CASE
@@ -488,17 +508,17 @@ KernelPtr pick(int ks, int groups, bool backward, bool trace = false) {
 }
 
 template <int KS>
-int smem_for_ks(int groups, bool backward) {
-  if (groups == 1) return backward ? Cta<KS, 1, 3>::kSmem : Cta<KS, 1, 2>::kSmem;
+int smem_for_ks(int nt, bool backward) {
+  if (nt == 1) return backward ? Cta<KS, 1, 3>::kSmem : Cta<KS, 1, 2>::kSmem;
   return backward ? Cta<KS, 2, 3>::kSmem : Cta<KS, 2, 2>::kSmem;
 }
 
-int smem_for(int ks, int groups, bool backward) {
+int smem_for(int ks, int nt, bool backward) {
   switch (ks) {
-    case 1: return smem_for_ks<1>(groups, backward);
-    case 2: return smem_for_ks<2>(groups, backward);
-    case 3: return smem_for_ks<3>(groups, backward);
-    default: return smem_for_ks<4>(groups, backward);
+    case 1: return smem_for_ks<1>(nt, backward);
+    case 2: return smem_for_ks<2>(nt, backward);
+    case 3: return smem_for_ks<3>(nt, backward);
+    default: return smem_for_ks<4>(nt, backward);
   }
 }
 
@@ -534,13 +554,13 @@ PersistentPlan dense_persistent_plan(int batch, int dim, bool backward) {
   // Clusters of each shape the GPU holds at once, asked once per process and device.
   static int active_cache[8][5][3][2];
   static bool cached[8][5][3][2];
-  for (int groups = 1; groups <= 2; ++groups) {
-    const int smem = smem_for(dim / 256, groups, backward);
-    int& active = active_cache[dev & 7][dim / 256][groups][backward];
-    if (!cached[dev & 7][dim / 256][groups][backward]) {
-      cached[dev & 7][dim / 256][groups][backward] = true;
+  for (int nt = 1; nt <= 2; ++nt) {
+    const int smem = smem_for(dim / 256, nt, backward);
+    int& active = active_cache[dev & 7][dim / 256][nt][backward];
+    if (!cached[dev & 7][dim / 256][nt][backward]) {
+      cached[dev & 7][dim / 256][nt][backward] = true;
       active = 0;
-      KernelPtr k = pick<TanhSiluGateT<true>>(dim / 256, groups, backward);
+      KernelPtr k = pick<TanhSiluGateT<true>>(dim / 256, nt, backward);
       cudaLaunchAttribute attr[1];
       cudaLaunchConfig_t cfg = cluster_launch_config(plan.cluster, 1, kThreads, smem, nullptr, attr);
       if (allow_cluster_launch(k, smem, plan.cluster) != cudaSuccess ||
@@ -549,10 +569,10 @@ PersistentPlan dense_persistent_plan(int batch, int dim, bool backward) {
         active = 0;
       }
     }
-    const int clusters = (batch + groups * 8 - 1) / (groups * 8);
-    if (active > 0 && (clusters <= active || groups == 2)) {
+    const int clusters = (batch + nt * 8 - 1) / (nt * 8);
+    if (active > 0 && (clusters <= active || nt == 2)) {
       plan.ok = true;
-      plan.bc = groups * 8;
+      plan.bc = nt * 8;
       plan.clusters = clusters;
       plan.smem = smem;
       plan.max_active = active;

@@ -354,26 +354,24 @@ def primitive_records(iters: int = 2000) -> list[dict]:
 
 def trace_record(B: int, D: int, T: int = T_DEFAULT) -> dict:
     """Where a persistent forward step spends its time: CTA 0's clock at six boundaries of
-    every step and group of 8 batch columns (see lib/csrc/dense_persistent.cu), as median
-    nanoseconds per phase; with two groups a phase is the sum of both half-steps'."""
+    every step (see lib/csrc/dense_persistent.cu), as median nanoseconds per phase."""
     ext = ops.load()
-    groups = ext.dense_persistent_plan(B, D, False)["bc"] // 8
     s = _cell_inputs(T, B, D, 1)[0]
     out, h_all = torch.empty_like(s["wx"]), s["wx"].new_empty(T + 1, B, D)
-    trace = torch.zeros(T * groups * 6 + 4, dtype=torch.int64, device="cuda")
+    trace = torch.zeros(T * 6 + 4, dtype=torch.int64, device="cuda")
     for _ in range(3):
         ext.dense_forward(s["wx"], s["z"], s["w_h"], s["b"], s["h0"], out, h_all, dense.GATE_SILU,
                           True, trace)
     torch.cuda.synchronize()
     tr = trace.cpu()
-    clocks = tr[: T * groups * 6].view(T, groups, 6)[T // 8:]  # steady state: skip the first steps
-    c0, g0, c1, g1 = tr[T * groups * 6:].tolist()
+    clocks = tr[: T * 6].view(T, 6)[T // 8:]  # steady state: skip the first steps
+    c0, g0, c1, g1 = tr[T * 6:].tolist()
     ghz = (c1 - c0) / (g1 - g0)
-    phases = (clocks[..., 1:] - clocks[..., :-1]).sum(dim=1).double().median(dim=0).values / ghz
-    step = (clocks[1:, 0, 0] - clocks[:-1, 0, 0]).double().median().item() / ghz
+    phases = (clocks[:, 1:] - clocks[:, :-1]).double().median(dim=0).values / ghz
+    step = (clocks[1:, 0] - clocks[:-1, 0]).double().median().item() / ghz
     return records.make("bench", "E1", "cuda:persistent",
                         {"measure": "trace", "B": B, "T": T, "D": D, "dtype": "bfloat16"},
-                        {"sm_clock_ghz": ghz, "step_ns": step, "groups": groups,
+                        {"sm_clock_ghz": ghz, "step_ns": step,
                          "phase_ns": dict(zip(TRACE_PHASES, phases.tolist()))})
 
 

@@ -181,8 +181,7 @@ def _metric(r: dict, metric: str) -> float:
 
 
 def plot_trace(recs: list[dict]):
-    """Stacked phases of one persistent forward step, per (B, D); with 16 batch columns a
-    cluster (two groups of 8, one half-step each) a phase sums both half-steps."""
+    """Stacked phases of one persistent forward step, per (B, D)."""
     rows = sorted((r for r in recs if r["params"].get("measure") == "trace"),
                   key=lambda r: (r["params"]["D"], r["params"]["B"]))
     fig, ax = plt.subplots(figsize=(7, 3.4))
@@ -194,8 +193,6 @@ def plot_trace(recs: list[dict]):
         vals = [r["metrics"]["phase_ns"][phase] for r in rows]
         ax.bar(labels, vals, bottom=bottom, label=phase, color=f"C{k}")
         bottom = [b + v for b, v in zip(bottom, vals)]
-    ax.scatter(labels, [r["metrics"]["step_ns"] for r in rows], marker="_", s=500, color="k",
-               zorder=3, label="whole step (the rest: output stores)")
     ax.set_ylabel("ns per step (median, CTA 0)")
     ax.legend(fontsize=7, ncol=3)
     ax.grid(True, axis="y", alpha=0.3)
