@@ -1,4 +1,6 @@
 """The targets table of the Kernel engineering chapter judges each cell from the records."""
+import json
+
 from elman import report
 
 
@@ -16,3 +18,21 @@ def test_target_table_shows_a_near_miss_as_a_miss():
     assert "| 0.850 | cuda:persistent | yes | no |" in rows[("forward per step (us)", "4", "512")]
     assert "cuda:steps+graph | no | no" in rows[("forward per step (us)", "64", "2048")]
     assert "not measured" in rows[("forward per step (us)", "16", "1024")]
+
+
+def test_pick_run_prefers_the_newest_full_pass_over_development_runs(tmp_path):
+    def run(name, measure):
+        d = tmp_path / name
+        d.mkdir()
+        rec = {"kind": "bench", "impl": "cuda:persistent", "variant": "E1",
+               "params": {"measure": measure, "B": 4, "D": 512}, "metrics": {"per_step_us": 1.0}}
+        (d / "records.jsonl").write_text(json.dumps(rec) + "\n")
+        return d
+
+    old = run("20260101T000000Z_aaaaaaa_nvidia-h100", "cell")
+    run("20260102T000000Z_bbbbbbb_dev-s9", "cell")  # newer, but a development run
+    run("20260103T000000Z_ccccccc_nvidia-h100", "trace")  # newer, other measure
+    assert report.pick_run("bench", "cell", root=tmp_path) == old
+    assert report.pick_run("bench", "cell", runs_dir=tmp_path / "20260102T000000Z_bbbbbbb_dev-s9",
+                           root=tmp_path).name.endswith("dev-s9")  # a named run is used as given
+    assert report.pick_run("parity", root=tmp_path) is None

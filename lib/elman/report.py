@@ -37,9 +37,13 @@ def runs_with(kind: str, measure: str | None = None, root: Path | str | None = N
     return out
 
 
-def pick_run(kind: str, measure: str | None = None, runs_dir: str | Path | None = None) -> Path | None:
-    """`runs_dir` if it holds such records, else the newest run in runs/ that does."""
-    candidates = ([Path(runs_dir)] if runs_dir else []) + runs_with(kind, measure)[::-1]
+def pick_run(kind: str, measure: str | None = None, runs_dir: str | Path | None = None,
+             root: Path | str | None = None) -> Path | None:
+    """`runs_dir` if it holds such records, else the newest full GPU pass in runs/ (`root`)
+    that does. Development runs (`*_dev-*`: partial, often of code that was not kept) are
+    only shown where a chapter names them."""
+    found = [r for r in runs_with(kind, measure, root)[::-1] if "_dev-" not in r.name]
+    candidates = ([Path(runs_dir)] if runs_dir else []) + found
     for run in candidates:
         recs = records.read([run], kind=kind) if (run / "records.jsonl").exists() else []
         if recs and (measure is None or any(r["params"].get("measure") == measure for r in recs)):
