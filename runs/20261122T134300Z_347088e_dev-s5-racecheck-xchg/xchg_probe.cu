@@ -40,9 +40,15 @@ template <int V>
 __global__ void __launch_bounds__(512, 1) probe(int iters, __nv_bfloat16* xchg, __nv_bfloat16* outs,
                                                const __nv_bfloat16* ins, long long* res, float* sink) {
   cg::cluster_group cluster = cg::this_cluster();
-  __shared__ __align__(128) __nv_bfloat16 state[2][C * kBlock];
-  __shared__ __align__(16) __nv_bfloat16 stage[4][2 * 512];
-  __shared__ uint64_t bar[2][C];
+  //   bit 64: all shared memory dynamic (extern), as the kernels have it
+  constexpr bool kDyn = V & 64;
+  __shared__ __align__(128) __nv_bfloat16 s_state[kDyn ? 1 : 2][kDyn ? 1 : C * kBlock];
+  __shared__ __align__(16) __nv_bfloat16 s_stage[kDyn ? 1 : 4][kDyn ? 1 : 2 * 512];
+  __shared__ uint64_t s_bar[kDyn ? 1 : 2][C];
+  extern __shared__ __align__(128) unsigned char dyn[];
+  auto state = kDyn ? reinterpret_cast<__nv_bfloat16(*)[C * kBlock]>(dyn) : reinterpret_cast<__nv_bfloat16(*)[C * kBlock]>(&s_state[0][0]);
+  auto stage = kDyn ? reinterpret_cast<__nv_bfloat16(*)[2 * 512]>(dyn + 2 * C * kBlock * 2) : reinterpret_cast<__nv_bfloat16(*)[2 * 512]>(&s_stage[0][0]);
+  auto bar = kDyn ? reinterpret_cast<uint64_t(*)[C]>(dyn + 2 * C * kBlock * 2 + 4 * 2 * 512 * 2) : reinterpret_cast<uint64_t(*)[C]>(&s_bar[0][0]);
   const int rank = int(cluster.block_rank()), tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   if (tid == 0) {
     for (int i = 0; i < 2 * C; ++i) mbar_init(&bar[0][0] + i);
@@ -142,6 +148,11 @@ void run(int iters, __nv_bfloat16* xchg, __nv_bfloat16* outs, const __nv_bfloat1
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = C; attr[0].val.clusterDim.y = 1; attr[0].val.clusterDim.z = 1;
   cfg.gridDim = dim3(2 * C); cfg.blockDim = dim3(512); cfg.attrs = attr; cfg.numAttrs = 1;
+  if (V & 64) {
+    const int smem = getenv("PROBE_SMEM") ? atoi(getenv("PROBE_SMEM")) : 2 * C * kBlock * 2 + 4 * 2 * 512 * 2 + 2 * C * 8;
+    cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    cfg.dynamicSmemBytes = smem;
+  }
   for (int rep = 0; rep < 2; ++rep) {
     cudaLaunchKernelEx(&cfg, k, iters, xchg, outs, ins, res, sink);
     cudaError_t e = cudaDeviceSynchronize();
@@ -173,6 +184,7 @@ int main(int argc, char** argv) {
       case 5: run<5>(iters, xchg, outs, ins, res, sink); break;
       case 7: run<7>(iters, xchg, outs, ins, res, sink); break;
       case 31: run<31>(iters, xchg, outs, ins, res, sink); break;
+      case 71: run<71>(iters, xchg, outs, ins, res, sink); break;
       default: printf("no such variant\n");
     }
     return 0;
