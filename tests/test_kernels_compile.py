@@ -53,3 +53,17 @@ def test_kernel_compiles_without_spills(source: Path, tmp_path: Path):
     assert found, f"ptxas reported no function for {source.name}:\n{report[-4000:]}"
     spilling = {name: s for name, s in found.items() if s != (0, 0)}
     assert not spilling, f"{source.name}: register spills (store, load bytes): {spilling}"
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH: the kernels' compile check needs it")
+def test_sanitize_program_builds_and_checks_its_arguments(tmp_path: Path):
+    """scripts/sanitize_persistent.cu (the racecheck of gpu_pass.sh's sanitize stage) links
+    against the persistent kernels through dense.h alone, and refuses a malformed shape."""
+    exe = tmp_path / "sanitize_persistent"
+    proc = subprocess.run([NVCC, *[f for f in FLAGS if f not in ("-c", "-Xptxas", "-v")],
+                           str(ROOT / "scripts" / "sanitize_persistent.cu"),
+                           str(CSRC / "dense_persistent.cu"), "-o", str(exe)],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-8000:]
+    bad = subprocess.run([str(exe), "4,64"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "usage" in bad.stderr, (bad.returncode, bad.stderr)

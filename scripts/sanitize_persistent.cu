@@ -1,0 +1,106 @@
+// The persistent forward and backward kernels from a plain CUDA program (no Python, no
+// torch), for compute-sanitizer's racecheck: under a Python process that has loaded torch,
+// racecheck of CUDA 13.0 stops with an internal error on these kernels (runs
+// 20261122T102755Z, 20261122T120100Z_f37f80e_dev-racecheck-probe); from this program it
+// checks them (run 20261122T134300Z_347088e_dev-s5-racecheck-xchg's notes). gpu_pass.sh's
+// `sanitize` stage builds and runs it:
+//
+//   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -lineinfo -gencode=arch=compute_90a,code=sm_90a \
+//     -Ilib/csrc scripts/sanitize_persistent.cu lib/csrc/dense_persistent.cu -o sanitize_persistent
+//   compute-sanitizer --tool racecheck --error-exitcode 1 ./sanitize_persistent [T,B,D ...]
+//
+// Each shape runs the forward, then the backward on its h_all, on random bf16 inputs. The
+// default shapes are the parity suite's that take the persistent path (common.py's
+// DENSE_TEST_SHAPES), with T cut to at most 6: five exchanges reach both phases of both
+// state buffers' barriers, which is all the protocol has; racecheck is slow.
+#include <cuda_bf16.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "dense.h"
+
+namespace {
+
+struct Shape { int T, B, D; };
+const Shape kDefault[] = {{6, 4, 256}, {6, 5, 512}, {6, 16, 1024}, {6, 64, 512},
+                          {5, 8, 768}, {6, 64, 1024}, {4, 130, 1024}};
+
+bool check(cudaError_t e, const char* what, const Shape& s) {
+  if (e == cudaSuccess) return true;
+  std::fprintf(stderr, "T=%d B=%d D=%d: %s: %s\n", s.T, s.B, s.D, what, cudaGetErrorString(e));
+  return false;
+}
+
+// n random bf16 values in [-scale/2, scale/2) on the device (a fixed LCG: reproducible).
+__nv_bfloat16* random_bf16(size_t n, float scale, unsigned& seed) {
+  std::vector<__nv_bfloat16> host(n);
+  for (auto& x : host) {
+    seed = seed * 1664525u + 1013904223u;
+    x = __float2bfloat16(scale * (float(seed >> 8) / 16777216.f - 0.5f));
+  }
+  __nv_bfloat16* dev = nullptr;
+  if (cudaMalloc(&dev, n * 2) != cudaSuccess) return nullptr;
+  cudaMemcpy(dev, host.data(), n * 2, cudaMemcpyHostToDevice);
+  return dev;
+}
+
+bool run(const Shape& s) {
+  const auto fwd = elman::dense_persistent_plan(s.B, s.D, false);
+  const auto bwd = elman::dense_persistent_plan(s.B, s.D, true);
+  if (!fwd.ok || !bwd.ok) {
+    std::fprintf(stderr, "T=%d B=%d D=%d: the persistent kernels do not take it: %s\n", s.T, s.B,
+                 s.D, fwd.ok ? bwd.reason : fwd.reason);
+    return false;
+  }
+  unsigned seed = 1;
+  const size_t tbd = size_t(s.T) * s.B * s.D, bd = size_t(s.B) * s.D;
+  std::vector<void*> owned;
+  auto input = [&](size_t n, float scale) { owned.push_back(random_bf16(n, scale, seed)); return owned.back(); };
+  auto output = [&](size_t bytes) { void* p = nullptr; cudaMalloc(&p, bytes); owned.push_back(p); return p; };
+  void* wx = input(tbd, 1.f);
+  void* z = input(tbd, 2.f);
+  void* w = input(size_t(s.D) * s.D, 16.f / float(s.D));
+  void* b = input(s.D, 0.2f);
+  void* h0 = input(bd, 1.f);
+  void* d_out = input(tbd, 1.f);
+  void* d_hT = input(bd, 1.f);
+  void* out = output(tbd * 2);
+  void* h_all = output((tbd + bd) * 2);
+  void *dv = output(tbd * 2), *dz = output(tbd * 2), *dh0 = output(bd * 2);
+  void *xf = output(fwd.xchg_bytes), *xb = output(bwd.xchg_bytes);
+  for (void* p : owned)
+    if (p == nullptr) return check(cudaErrorMemoryAllocation, "allocation", s);
+  bool ok = check(elman::dense_persistent_forward(nullptr, elman::kTanhSiluGate, s.T, s.B, s.D, wx,
+                                                  z, w, b, h0, out, h_all, xf),
+                  "forward", s) &&
+            check(cudaDeviceSynchronize(), "forward", s) &&
+            check(elman::dense_persistent_backward(nullptr, elman::kTanhSiluGate, s.T, s.B, s.D, w,
+                                                   h_all, z, d_out, d_hT, dv, dz, dh0, xb),
+                  "backward", s) &&
+            check(cudaDeviceSynchronize(), "backward", s);
+  if (ok)
+    std::printf("T=%d B=%d D=%d (%d clusters of %d CTAs, %d batch columns each): forward + backward ran\n",
+                s.T, s.B, s.D, fwd.clusters, fwd.cluster, fwd.bc);
+  for (void* p : owned) cudaFree(p);
+  return ok;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<Shape> shapes;
+  for (int i = 1; i < argc; ++i) {
+    Shape s{};
+    if (std::sscanf(argv[i], "%d,%d,%d", &s.T, &s.B, &s.D) != 3 || s.T < 1 || s.B < 1) {
+      std::fprintf(stderr, "usage: %s [T,B,D ...]   (got '%s')\n", argv[0], argv[i]);
+      return 2;
+    }
+    shapes.push_back(s);
+  }
+  if (shapes.empty()) shapes.assign(std::begin(kDefault), std::end(kDefault));
+  int failed = 0;
+  for (const Shape& s : shapes) failed += !run(s);
+  return failed ? 1 : 0;
+}
