@@ -4,9 +4,10 @@ The jitter build (`ops.load(jitter=True)`, ELMAN_JITTER in lib/csrc/dense_persis
 warps sleep pseudo-random times at every synchronisation point of a step: before and after
 the expect, around the staging, after each slice's arrival, around the partial-sum barrier
 and the publish. The kernels' arithmetic order does not depend on timing, so a race-free
-protocol gives every output bitwise as the normal build does. compute-sanitizer's racecheck
-stops with an internal error on these kernels, so this is their race check. What it can and
-cannot see (run 20261122T121304Z_c8e948f289_dev-mutate): a planted race between warps, the
+protocol gives every output bitwise as the normal build does. It complements
+compute-sanitizer's racecheck (gpu_pass.sh's sanitize stage, from the plain CUDA program
+scripts/sanitize_persistent.cu, since racecheck fails with an internal error under Python),
+and runs through the op. What it can and cannot see (run 20261122T121304Z_c8e948f289_dev-mutate): a planted race between warps, the
 block barrier before the multicast removed, failed it; a planted early read of staged
 inputs (their copies started two steps before) passed, because jitter only slows warps down
 and those copies always land in time. Run by scripts/gpu_pass.sh; skipped without CUDA."""

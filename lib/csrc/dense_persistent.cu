@@ -106,8 +106,8 @@ __device__ __forceinline__ void stamp(const Args& p, int slot) {
 // different pattern per CTA, warp, step and point. The kernels' arithmetic order does not
 // depend on timing, so a race-free protocol gives bitwise the results of the normal build;
 // a race (a buffer read while it is overwritten, a slice used before it arrived) shows up
-// as a difference. This stands in for compute-sanitizer's racecheck, which stops with an
-// internal error on these kernels.
+// as a difference. It complements compute-sanitizer's racecheck (scripts/sanitize_persistent.cu,
+// a plain CUDA program: under Python racecheck stops with an internal error on these kernels).
 __device__ __forceinline__ void jitter(int step, int point) {
 #ifdef ELMAN_JITTER
   uint32_t h = (blockIdx.x * 0x9E3779B1u) ^ ((threadIdx.x >> 5) * 0x85EBCA77u) ^
