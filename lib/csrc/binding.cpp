@@ -94,7 +94,7 @@ void dense_forward(const at::Tensor& wx, const at::Tensor& z, const at::Tensor& 
                "dense persistent forward");
     return;
   }
-  at::Tensor ws = at::empty({B * D}, wx.options().dtype(at::kFloat));
+  at::Tensor ws = at::empty({elman::dense_steps_splits(int(D)) * B * D}, wx.options().dtype(at::kFloat));
   cublasHandle_t handle = at::cuda::getCurrentCUDABlasHandle();
   cudaError_t e;
   if (wx.scalar_type() == at::kFloat) {
@@ -139,7 +139,7 @@ void dense_backward(const at::Tensor& w_h, const at::Tensor& h_all, const at::Te
                "dense persistent backward");
     return;
   }
-  at::Tensor ws = at::empty({B * D}, z.options().dtype(at::kFloat));
+  at::Tensor ws = at::empty({elman::dense_steps_splits(int(D)) * B * D}, z.options().dtype(at::kFloat));
   cublasHandle_t handle = at::cuda::getCurrentCUDABlasHandle();
   cudaError_t e;
   if (z.scalar_type() == at::kFloat) {

@@ -17,20 +17,24 @@ namespace elman {
 enum Epilogue : int { kTanhSiluGate = 0 };  // h = tanh(v), out = h * silu(z): E0, E1
 
 // ---- one step's fused elementwise work (dense_steps.cu) ------------------------------
-// forward : h, out from acc = W_h h_{t-1} (fp32), wx, z and b, for n = B * D elements.
-// backward: dv, dz from the recurrent gradient (acc32 in fp32, or accT = d_hT at the last
-// step), d_out, h_t and z.
+// forward : h, out from acc = W_h h_{t-1} (fp32: the sum of `splits` partial products at
+// acc + s * n), wx, z and b, for n = B * D elements.
+// backward: dv, dz from the recurrent gradient (acc32 in fp32, `splits` partials as in
+// forward, or accT = d_hT at the last step), d_out, h_t and z.
 template <typename T>
-cudaError_t dense_step_forward(cudaStream_t stream, int epilogue, int n, int dim,
+cudaError_t dense_step_forward(cudaStream_t stream, int epilogue, int n, int dim, int splits,
                                const float* acc, const T* wx, const T* z, const T* b, T* h,
                                T* out);
 template <typename T>
-cudaError_t dense_step_backward(cudaStream_t stream, int epilogue, int n, const float* acc32,
-                                const T* accT, const T* d_out, const T* h, const T* z, T* dv,
-                                T* dz);
+cudaError_t dense_step_backward(cudaStream_t stream, int epilogue, int n, int splits,
+                                const float* acc32, const T* accT, const T* d_out, const T* h,
+                                const T* z, T* dv, T* dz);
 
 // ---- per-step path (dense_steps.cpp): one cuBLAS GEMM and one fused step per step ------
-// T is float or __nv_bfloat16; ws is a float workspace of B * D elements; the handle
+// The GEMM's inner dimension is split into this many batched GEMMs (D >= 2048: D / 512);
+// the workspace `ws` of the launchers below holds splits * B * D floats.
+int dense_steps_splits(int dim);
+// T is float or __nv_bfloat16; ws is a float workspace of splits * B * D elements; the handle
 // must be bound to `stream` (torch's handle for the current stream is; its workspace also
 // makes the loop capturable in a CUDA graph).
 template <typename T>

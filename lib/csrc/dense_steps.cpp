@@ -1,11 +1,16 @@
 // The per-step path of the dense family (host code): for each step one cuBLAS GEMM on the
 // hidden state (bf16 or fp32 operands, fp32 accumulate, fp32 result in a workspace) and
-// one fused elementwise kernel (dense_steps.cu). It takes any size and both dtypes; it
+// one fused elementwise kernel (dense_steps.cu). From D = 2048 the GEMM is split along its
+// inner dimension into D / 512 batched GEMMs whose partial products the elementwise kernel
+// sums: a B x D by D x D product is too small to fill the GPU, and cuBLAS alone runs it on
+// few SMs, each streaming a large part of W_h. It takes any size and both dtypes; it
 // is the documented baseline of the persistent kernels ("cuBLAS per step", also captured
 // in a CUDA graph) and the path for sizes they do not take. Plain C++ with cuBLAS, no
 // torch headers; kept out of the .cu files so that nvcc alone compiles those.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
+
+#include <cstdlib>
 
 #include "dense.h"
 
@@ -29,7 +34,28 @@ cudaError_t gemm(cublasHandle_t h, bool transpose_w, int dim, int batch, const T
   return s == CUBLAS_STATUS_SUCCESS ? cudaSuccess : cudaErrorUnknown;
 }
 
+// C_s = op(W)[:, K_s] X[K_s, :] for the `splits` column blocks K_s of op(W), into
+// c + s * dim * batch (splits = 1: one plain GEMM).
+template <typename T>
+cudaError_t gemm_split(cublasHandle_t h, bool transpose_w, int dim, int batch, int splits,
+                       const T* w, const T* x, float* c) {
+  if (splits == 1) return gemm(h, transpose_w, dim, batch, w, x, c);
+  const int k = dim / splits;
+  const float one = 1.f, zero = 0.f;
+  const cublasStatus_t s = cublasGemmStridedBatchedEx(
+      h, transpose_w ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, dim, batch, k, &one, w,
+      cuda_type<T>(), dim, transpose_w ? k : (long long)k * dim, x, cuda_type<T>(), dim, k,
+      &zero, c, CUDA_R_32F, dim, (long long)dim * batch, splits, CUBLAS_COMPUTE_32F,
+      CUBLAS_GEMM_DEFAULT);
+  return s == CUBLAS_STATUS_SUCCESS ? cudaSuccess : cudaErrorUnknown;
+}
+
 }  // namespace
+
+int dense_steps_splits(int dim) {
+  if (const char* e = getenv("ELMAN_SPLITK")) return atoi(e);  // DEV A/B
+  return dim >= 2048 && dim % 512 == 0 ? dim / 512 : 1;
+}
 
 template <typename T>
 cudaError_t dense_steps_forward(cublasHandle_t handle, cudaStream_t stream, int epilogue,
@@ -37,12 +63,13 @@ cudaError_t dense_steps_forward(cublasHandle_t handle, cudaStream_t stream, int 
                                 const T* w_h, const T* b, const T* h0, T* out, T* h_all,
                                 float* ws) {
   const size_t n = size_t(batch) * dim;
+  const int splits = dense_steps_splits(dim);
   cudaError_t err = cudaMemcpyAsync(h_all, h0, n * sizeof(T), cudaMemcpyDeviceToDevice, stream);
   for (int t = 0; t < steps && err == cudaSuccess; ++t) {
-    err = gemm(handle, true, dim, batch, w_h, h_all + t * n, ws);
+    err = gemm_split(handle, true, dim, batch, splits, w_h, h_all + t * n, ws);
     if (err == cudaSuccess)
-      err = dense_step_forward<T>(stream, epilogue, int(n), dim, ws, wx + t * n, z + t * n, b,
-                                  h_all + (t + 1) * n, out + t * n);
+      err = dense_step_forward<T>(stream, epilogue, int(n), dim, splits, ws, wx + t * n,
+                                  z + t * n, b, h_all + (t + 1) * n, out + t * n);
   }
   return err;
 }
@@ -53,12 +80,13 @@ cudaError_t dense_steps_backward(cublasHandle_t handle, cudaStream_t stream, int
                                  const T* z, const T* d_out, const T* d_hT, T* dv, T* dz,
                                  T* dh0, float* ws) {
   const size_t n = size_t(batch) * dim;
+  const int splits = dense_steps_splits(dim);
   cudaError_t err = cudaSuccess;
   for (int t = steps - 1; t >= 0 && err == cudaSuccess; --t) {
     const bool last = t == steps - 1;
-    if (!last) err = gemm(handle, false, dim, batch, w_h, dv + (t + 1) * n, ws);
+    if (!last) err = gemm_split(handle, false, dim, batch, splits, w_h, dv + (t + 1) * n, ws);
     if (err == cudaSuccess)
-      err = dense_step_backward<T>(stream, epilogue, int(n), last ? nullptr : ws,
+      err = dense_step_backward<T>(stream, epilogue, int(n), splits, last ? nullptr : ws,
                                    last ? d_hT : nullptr, d_out + t * n, h_all + (t + 1) * n,
                                    z + t * n, dv + t * n, dz + t * n);
   }
