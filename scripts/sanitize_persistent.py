@@ -1,5 +1,5 @@
 """Small persistent forward + backward runs through the op (every D the kernel takes, odd B,
-waves of clusters) for compute-sanitizer's memcheck; gpu_pass.sh's `sanitize` stage runs
+one cluster and several) for compute-sanitizer's memcheck; gpu_pass.sh's `sanitize` stage runs
 
     compute-sanitizer --tool memcheck python scripts/sanitize_persistent.py
 
