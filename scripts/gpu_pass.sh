@@ -91,7 +91,7 @@ sanitize() {
   local cs; cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   "$cs" --tool memcheck --error-exitcode 1 python3 scripts/sanitize_persistent.py || return 1
   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -lineinfo -gencode=arch=compute_90a,code=sm_90a \
-    -Ilib/csrc scripts/sanitize_persistent.cu lib/csrc/dense_persistent.cu \
+    -Ilib/csrc scripts/sanitize_persistent.cu lib/csrc/dense_persistent.cu lib/csrc/dense_grid.cu \
     -o /tmp/sanitize_persistent || return 1
   timeout 540 "$cs" --tool racecheck --racecheck-report hazard --error-exitcode 1 \
     /tmp/sanitize_persistent

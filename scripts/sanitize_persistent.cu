@@ -6,13 +6,16 @@
 // `sanitize` stage builds and runs it:
 //
 //   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -lineinfo -gencode=arch=compute_90a,code=sm_90a \
-//     -Ilib/csrc scripts/sanitize_persistent.cu lib/csrc/dense_persistent.cu -o sanitize_persistent
+//     -Ilib/csrc scripts/sanitize_persistent.cu lib/csrc/dense_persistent.cu \
+//     lib/csrc/dense_grid.cu -o sanitize_persistent
 //   compute-sanitizer --tool racecheck --error-exitcode 1 ./sanitize_persistent [T,B,D ...]
 //
 // Each shape runs the forward, then the backward on its h_all, on random bf16 inputs. The
 // default shapes are the parity suite's that take the persistent path (common.py's
 // DENSE_TEST_SHAPES), with T cut to at most 6: five exchanges reach both phases of both
-// state buffers' barriers, which is all the protocol has; racecheck is slow.
+// state buffers' barriers, which is all the protocol has; racecheck is slow. The grid design
+// (D = 2048) runs at 32 and 64 batch columns with T = 4: three fetches reach both phases of
+// its barriers.
 #include <cuda_bf16.h>
 
 #include <cstdio>
@@ -25,7 +28,8 @@ namespace {
 
 struct Shape { int T, B, D; };
 const Shape kDefault[] = {{6, 4, 256}, {6, 5, 512}, {6, 16, 1024}, {6, 64, 512},
-                          {5, 8, 768}, {6, 64, 1024}, {4, 130, 1024}};
+                          {5, 8, 768}, {6, 64, 1024}, {4, 130, 1024}, {4, 20, 2048},
+                          {4, 64, 2048}};
 
 bool check(cudaError_t e, const char* what, const Shape& s) {
   if (e == cudaSuccess) return true;

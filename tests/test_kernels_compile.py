@@ -62,7 +62,8 @@ def test_sanitize_program_builds_and_checks_its_arguments(tmp_path: Path):
     exe = tmp_path / "sanitize_persistent"
     proc = subprocess.run([NVCC, *[f for f in FLAGS if f not in ("-c", "-Xptxas", "-v")],
                            str(ROOT / "scripts" / "sanitize_persistent.cu"),
-                           str(CSRC / "dense_persistent.cu"), "-o", str(exe)],
+                           str(CSRC / "dense_persistent.cu"), str(CSRC / "dense_grid.cu"),
+                           "-o", str(exe)],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-8000:]
     bad = subprocess.run([str(exe), "4,64"], capture_output=True, text=True, timeout=60)

@@ -179,6 +179,7 @@ py::dict dense_persistent_plan(int64_t B, int64_t D, bool backward) {
   d["bc"] = p.bc;
   d["smem"] = p.smem;
   d["max_active_clusters"] = p.max_active;
+  d["design"] = std::string(p.design);
   return d;
 }
 

@@ -49,19 +49,25 @@ cudaError_t dense_steps_backward(cublasHandle_t handle, cudaStream_t stream, int
                                  const T* z, const T* d_out, const T* d_hT, T* dv, T* dz,
                                  T* dh0, float* ws);
 
-// ---- persistent path (bf16, sm_90): W_h lives in registers of a thread-block cluster --
+// ---- persistent path (bf16, sm_90): W_h lives in registers for the whole sequence ------
+// Two designs: "cluster" (D <= 1024, dense_persistent.cu): one thread-block cluster holds
+// W_h and owns `bc` batch columns; "grid" (D = 2048, dense_grid.cu): 128 CTAs without
+// clusters hold 64 x 512 tiles and exchange state and partial sums through L2 (B <= 64).
 struct PersistentPlan {
   bool ok = false;
   const char* reason = "";
-  int cluster = 0;     // CTAs per cluster; each owns 64 rows of W_h
-  int clusters = 0;    // clusters launched; each owns `bc` batch columns
-  int bc = 0;          // batch columns per cluster (8 or 16)
+  const char* design = "cluster";
+  int cluster = 0;     // CTAs per cluster (1 in the grid design)
+  int clusters = 0;    // clusters launched (grid: CTAs of one launch)
+  int bc = 0;          // batch columns per cluster (cluster: 8 or 16; grid: 8 to 64)
   int smem = 0;        // dynamic shared memory per CTA, bytes
-  int max_active = 0;  // clusters of this shape the GPU can hold at once
-  size_t xchg_bytes = 0;  // global staging of the state exchange (the launcher's `xchg`)
+  int max_active = 0;  // clusters (grid: CTAs) of this shape the GPU can hold at once
+  size_t xchg_bytes = 0;  // global workspace of the exchange (the launcher's `xchg`)
 };
 
+// Either design's plan: the grid design at D = 2048, the cluster design below.
 PersistentPlan dense_persistent_plan(int batch, int dim, bool backward);
+PersistentPlan dense_grid_plan(int batch, int dim, bool backward);
 
 // `xchg`: plan.xchg_bytes of device memory (contents need no initialisation).
 // `trace` (may be null): int64 [steps * 6 + 4]; CTA 0 records clock64 at six phase
@@ -75,6 +81,14 @@ cudaError_t dense_persistent_backward(cudaStream_t stream, int epilogue, int ste
                                       int dim, const void* w_h, const void* h_all,
                                       const void* z, const void* d_out, const void* d_hT,
                                       void* dv, void* dz, void* dh0, void* xchg);
+
+// The grid design's launchers (D = 2048; the persistent launchers above dispatch to them).
+cudaError_t dense_grid_forward(cudaStream_t stream, int steps, int batch, const void* wx,
+                               const void* z, const void* w_h, const void* b, const void* h0,
+                               void* out, void* h_all, void* xchg, long long* trace = nullptr);
+cudaError_t dense_grid_backward(cudaStream_t stream, int steps, int batch, const void* w_h,
+                                const void* h_all, const void* z, const void* d_out,
+                                const void* d_hT, void* dv, void* dz, void* dh0, void* xchg);
 
 // ---- primitives measured for the "Kernel engineering" chapter ------------------------
 cudaError_t launch_empty(cudaStream_t stream);

@@ -35,6 +35,7 @@
 #include "cluster.cuh"
 #include "dense.h"
 #include "dense_cell.cuh"
+#include "dense_tile.cuh"
 
 namespace cg = cooperative_groups;
 
@@ -123,17 +124,6 @@ __device__ __forceinline__ void jitter(int step, int point) {
 }
 
 // ---- PTX helpers ------------------------------------------------------------------------
-__device__ __forceinline__ uint32_t pack(__nv_bfloat16 lo, __nv_bfloat16 hi) {
-  return uint32_t(__bfloat16_as_ushort(lo)) | (uint32_t(__bfloat16_as_ushort(hi)) << 16);
-}
-__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                    uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 // ---- the per-CTA machinery shared by forward and backward ---------------------------------
 // KS = D / 256; NT = bc / 8 mma n-tiles; kIn staged input tensors.
@@ -192,20 +182,7 @@ struct Cta {
 
   // This warp's A fragments of rows [row0, row0 + 64) of W (transposed: of W^T).
   __device__ void load_weights(const __nv_bfloat16* w, bool transposed) {
-    const int g = lane() >> 2, q = lane() & 3;
-    const int k0 = kgroup() * (kDim / kKGroups);
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-      for (int s = 0; s < kSteps; ++s)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int row = row0 + mrow0() + mt * 16 + g + ((r & 1) ? 8 : 0);
-          const int col = k0 + s * 16 + 2 * q + ((r & 2) ? 8 : 0);
-          const size_t lo = transposed ? size_t(col) * kDim + row : size_t(row) * kDim + col;
-          const size_t hi = transposed ? size_t(col + 1) * kDim + row : size_t(row) * kDim + col + 1;
-          a[mt][s][r] = pack(w[lo], w[hi]);
-        }
+    load_a(a, w, kDim, row0 + mrow0(), kgroup() * (kDim / kKGroups), transposed);
   }
 
   // The staged [T][B][D] inputs, read from the kernel parameters when needed (they cost no
@@ -282,25 +259,7 @@ struct Cta {
         for (int mt = 0; mt < kMTiles; ++mt) mma(acc[s % kChains][mt][nt], a[mt][s], b0, b1);
       }
     }
-#pragma unroll
-    for (int c = 1; c < kChains; ++c)
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-          for (int r = 0; r < 4; ++r) acc[0][mt][nt][r] += acc[c][mt][nt][r];
-    float* mine = red() + kgroup() * kBc * kRedStride;
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        const int row = mrow0() + mt * 16 + g, col = nt * 8 + 2 * q;
-        mine[col * kRedStride + row] = acc[0][mt][nt][0];
-        mine[(col + 1) * kRedStride + row] = acc[0][mt][nt][1];
-        mine[col * kRedStride + row + 8] = acc[0][mt][nt][2];
-        mine[(col + 1) * kRedStride + row + 8] = acc[0][mt][nt][3];
-      }
+    store_acc(acc, red() + kgroup() * kBc * kRedStride, kRedStride, mrow0(), 0);
   }
 
   __device__ float reduce(int n, int r) const {
@@ -543,9 +502,10 @@ PersistentPlan dense_persistent_plan(int batch, int dim, bool backward) {
   int dev = 0, major = 0;
   cudaGetDevice(&dev);
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  if (major < 9) { plan.reason = "needs thread-block clusters (compute capability 9.0+)"; return plan; }
+  if (major < 9) { plan.reason = "needs compute capability 9.0+ (sm_90)"; return plan; }
+  if (dim == 2048) return dense_grid_plan(batch, dim, backward);
   if (dim % 256 != 0 || dim < 256 || dim > 1024) {
-    plan.reason = "D must be 256, 512, 768 or 1024 (W_h must fit in one cluster's registers)";
+    plan.reason = "D must be 256, 512, 768, 1024 (one cluster) or 2048 (the grid design)";
     return plan;
   }
   if (batch < 1) { plan.reason = "B must be at least 1"; return plan; }
@@ -592,6 +552,8 @@ cudaError_t dense_persistent_forward(cudaStream_t stream, int epilogue, int step
   if (epilogue != kTanhSiluGate) return cudaErrorInvalidValue;
   const PersistentPlan plan = dense_persistent_plan(batch, dim, false);
   if (!plan.ok) return cudaErrorInvalidConfiguration;
+  if (plan.cluster == 1)
+    return dense_grid_forward(stream, steps, batch, wx, z, w_h, b, h0, out, h_all, xchg, trace);
   Args a = {};
   a.steps = steps; a.batch = batch; a.dim = dim;
   a.w = static_cast<const __nv_bfloat16*>(w_h);
@@ -613,6 +575,8 @@ cudaError_t dense_persistent_backward(cudaStream_t stream, int epilogue, int ste
   if (epilogue != kTanhSiluGate) return cudaErrorInvalidValue;
   const PersistentPlan plan = dense_persistent_plan(batch, dim, true);
   if (!plan.ok) return cudaErrorInvalidConfiguration;
+  if (plan.cluster == 1)
+    return dense_grid_backward(stream, steps, batch, w_h, h_all, z, d_out, d_hT, dv, dz, dh0, xchg);
   Args a = {};
   a.steps = steps; a.batch = batch; a.dim = dim;
   a.w = static_cast<const __nv_bfloat16*>(w_h);

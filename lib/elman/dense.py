@@ -11,8 +11,9 @@ large GEMMs (torch/cuBLAS); the compiled op owns only the recurrence:
 - forward  `(wx, z, W_h, b, h0) -> (out, h_all)` with `h_all[0] = h0`, `h_all[t+1] = h_t`;
 - backward `(W_h, h_all, z, d_out, d_hT) -> (dv, dz, dh0)`.
 
-Three paths run the op: `persistent` (bf16; W_h stays in registers of a thread-block
-cluster for the whole sequence; chapter "Kernel engineering"), `steps` (one cuBLAS GEMM
+Three paths run the op: `persistent` (bf16; W_h stays in registers for the whole sequence:
+of one thread-block cluster at D <= 1024, of a grid of 128 CTAs exchanging through L2 at
+D = 2048 and B <= 64; chapter "Kernel engineering"), `steps` (one cuBLAS GEMM
 plus one fused elementwise kernel per step, launched from the stream; any size, fp32 and
 bf16) and `graph` (the same per-step loop captured once per shape in a CUDA graph and
 replayed on static buffers, which removes the launch cost of every step). `path="auto"`
