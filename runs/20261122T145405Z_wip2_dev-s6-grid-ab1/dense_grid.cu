@@ -1,0 +1,622 @@
+// Persistent kernels of the dense family at D = 2048 (bf16, sm_90): the grid design.
+//
+// W_h (8 MiB of bf16) does not fit in one cluster, and at most 30 clusters of 4, 15 of 8 or
+// 7 of 16 CTAs fit on an H100 at once (run dev-s6-occupancy), so this design uses no
+// clusters: 128 CTAs, all resident (a cooperative launch guarantees it), hold W_h (forward)
+// or W_h^T (backward) in registers for the whole sequence. CTA c owns the 64 rows
+// [64 r, 64 r + 64) (r = c / 4) and the quarter q = c % 4 of the columns, [512 q, 512 q + 512):
+// a 64 x 512 tile, held by 16 warps in a 2 x 8 grid as mma.sync A fragments (32 registers a
+// thread). A step crosses L2 twice:
+//   1. fetch: the tile's columns are the state of row blocks 8q .. 8q + 7; warp (0, k) waits
+//      until the four producers of block 8q + k have published it (a counter per block,
+//      release/acquire at GPU scope) and bulk-copies it from its global slot into shared
+//      memory, counted on an mbarrier; both warps of column group k multiply as soon as it
+//      lands (mma.m16n8k16, fp32 accumulate).
+//   2. partial sums: the CTA sums its 8 column groups and writes its 64 x bc fp32 partial
+//      product to global memory, then counts it on its row block's partial counter.
+//   3. reduce and epilogue: CTA (r, q) finishes rows [64 r + 16 q, + 16) of the step: it
+//      waits for the four partials of row block r, adds them in the order q = 0..3 (the same
+//      sum on every run), applies the epilogue functor of dense_cell.cuh, writes its 16 rows
+//      of the new state into row block r's slot and counts them on the block's counter, then
+//      stores the step's outputs.
+// Buffers: the slots and the partial sums are double-buffered by step parity. A CTA writes
+// buffer s + 2 only after a chain through every CTA's step s + 1, which starts after every
+// read of buffer s (each row block's state at s + 1 needs all four quarters of the state at
+// s, hence every CTA's multiply of step s + 1, each of which follows that CTA's reads of
+// step s). The counters only grow: the waits compare with 4 (s + 1); they are zeroed before
+// each launch. B beyond 64 runs in successive launches of 64 batch columns.
+// Per-step inputs of the CTA's 16 rows are staged three steps ahead with cp.async, as in the
+// cluster design, and everything of the epilogue that needs no product is computed first.
+#include <cuda_bf16.h>
+
+#include <cstdint>
+#include <cstdlib>
+
+#include "cluster.cuh"
+#include "dense.h"
+#include "dense_cell.cuh"
+
+namespace elman {
+namespace {
+
+constexpr int kDim = 2048;
+constexpr int kRows = 64;                         // rows of a CTA's tile
+constexpr int kQuarters = 4;                      // column quarters: CTAs per row block
+constexpr int kCols = kDim / kQuarters;           // columns of a tile
+constexpr int kBlocks = kDim / kRows;             // row blocks (32)
+constexpr int kCtas = kBlocks * kQuarters;        // 128
+constexpr int kSources = kCols / kRows;           // row blocks whose state a tile reads (8)
+constexpr int kSub = kRows / kQuarters;           // rows a CTA finishes (16)
+constexpr int kWarps = 16;
+constexpr int kThreads = kWarps * 32;
+constexpr int kKGroups = 8;                       // warps splitting the columns: one source each
+constexpr int kMTiles = 2;                        // 16-row mma tiles per warp
+constexpr int kSteps = kCols / kKGroups / 16;     // mma k-steps per warp (4)
+constexpr int kRedStride = kRows + 4;             // floats per (k-group, batch) row of partials
+constexpr int kLead = 3;
+constexpr int kStages = kLead + 1;
+constexpr int kMaxBc = 64;
+constexpr int kCounters = 2 * kBlocks;            // state counters, then partial counters
+constexpr size_t kCounterBytes = 256;
+static_assert(kSources == kKGroups, "one warp column group per source row block");
+static_assert(kCounters * 4 <= int(kCounterBytes), "counters fit their region");
+
+struct Args {
+  int steps, batch, n0;                  // n0: first batch column of this launch
+  const __nv_bfloat16* w;
+  const __nv_bfloat16* b;
+  const __nv_bfloat16* wx;
+  const __nv_bfloat16* z;
+  const __nv_bfloat16* h0;
+  __nv_bfloat16* out;
+  __nv_bfloat16* h_all;
+  const __nv_bfloat16* d_out;
+  const __nv_bfloat16* d_hT;
+  __nv_bfloat16* dv;
+  __nv_bfloat16* dz;
+  __nv_bfloat16* dh0;
+  unsigned* counters;                    // [2][kBlocks]: state, partial
+  __nv_bfloat16* slots;                  // [2][kBlocks][bc][64] (swizzled, see swz)
+  float* partials;                       // [2][kBlocks][kQuarters][bc][64]
+  long long* trace;                      // optional: per-step phase clocks of CTA 0
+  int flags;                             // DEV A/B
+};
+
+// The trace of the cluster design (dense_persistent.cu), same layout: clock64 at six phase
+// boundaries of each step (start, state slice 0 arrived, multiplied, partial sums of the
+// four quarters in, epilogue done, published), then clock64 and %globaltimer at kernel
+// start and end. Only the traced instantiation has the marks.
+constexpr int kTracePhases = 6;
+template <bool kTrace>
+__device__ __forceinline__ void mark(const Args& p, int step, int phase) {
+  if (kTrace && blockIdx.x == 0 && threadIdx.x == 0) p.trace[step * kTracePhases + phase] = clock64();
+}
+template <bool kTrace>
+__device__ __forceinline__ void stamp(const Args& p, int slot) {
+  if (kTrace && blockIdx.x == 0 && threadIdx.x == 0) {
+    long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+    p.trace[p.steps * kTracePhases + 2 * slot] = clock64();
+    p.trace[p.steps * kTracePhases + 2 * slot + 1] = t;
+  }
+}
+
+// A state slice is [batch column n][64 values]; value k of column n sits at k ^ 8 (n % 8),
+// so that the mma B-fragment loads of the 8 columns of an n-tile hit 32 distinct banks.
+__device__ __forceinline__ int swz(int n, int k) { return k ^ ((n & 7) << 3); }
+
+__device__ __forceinline__ uint32_t pack(__nv_bfloat16 lo, __nv_bfloat16 hi) {
+  return uint32_t(__bfloat16_as_ushort(lo)) | (uint32_t(__bfloat16_as_ushort(hi)) << 16);
+}
+__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                    uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void count_release(unsigned* c) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], 1;\n" ::"l"(c) : "memory");
+}
+__device__ __forceinline__ void wait_count(const unsigned* c, unsigned target, int flags) {
+  unsigned v;
+  while (true) {
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(c) : "memory");
+    if (v >= target) return;
+    if (!(flags & 2)) __nanosleep(20);
+  }
+}
+// A bulk copy of `bytes` from global memory into this CTA's shared memory, counted on `bar`.
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes,
+                                          uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+      ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar))
+      : "memory");
+}
+
+template <int NT, int kIn>
+struct Tile {
+  static constexpr int kBc = NT * 8;
+  static constexpr int kSlice = kBc * kRows;                  // one source's state slice
+  static constexpr uint32_t kSliceBytes = kSlice * 2;
+  static constexpr int kSubElems = kBc * kSub;                // the CTA's rows of a step
+  static constexpr int kPerSub = (kSubElems + kThreads - 1) / kThreads;
+  static constexpr int kPerPartial = kBc * kRows / kThreads;  // partial sums per thread
+  // Shared memory: state[source][n][64] | red[k-group][n][kRedStride] | stage | mbar[source]
+  static constexpr int kRedOffset = kSources * kSlice * 2;
+  static constexpr int kStageOffset = kRedOffset + kKGroups * kBc * kRedStride * 4;
+  static constexpr int kBarOffset = kStageOffset + kStages * kIn * kSubElems * 2;
+  static constexpr int kSmem = kBarOffset + kSources * 8;
+
+  unsigned char* base;
+  int r, q;
+  uint32_t a[kMTiles][kSteps][4];
+
+  __device__ __nv_bfloat16* state() const { return reinterpret_cast<__nv_bfloat16*>(base); }
+  __device__ float* red() const { return reinterpret_cast<float*>(base + kRedOffset); }
+  __device__ __nv_bfloat16* stage() const {
+    return reinterpret_cast<__nv_bfloat16*>(base + kStageOffset);
+  }
+  __device__ uint64_t* bar() const { return reinterpret_cast<uint64_t*>(base + kBarOffset); }
+  __device__ static int lane() { return int(threadIdx.x) & 31; }
+  __device__ static int kgroup() { return (int(threadIdx.x) >> 5) % kKGroups; }
+  __device__ static int mrow0() { return (int(threadIdx.x) >> 5) / kKGroups * kMTiles * 16; }
+  __device__ int row0() const { return r * kRows; }
+  __device__ int sub0() const { return r * kRows + q * kSub; }  // first row this CTA finishes
+
+  __device__ explicit Tile(unsigned char* smem) : base(smem) {
+    r = int(blockIdx.x) / kQuarters;
+    q = int(blockIdx.x) % kQuarters;
+    if (threadIdx.x == 0) {
+      for (int i = 0; i < kSources; ++i) mbar_init(&bar()[i]);
+      mbar_init_fence();
+    }
+  }
+
+  __device__ void load_weights(const __nv_bfloat16* w, bool transposed) {
+    const int g = lane() >> 2, qq = lane() & 3;
+    const int k0 = q * kCols + kgroup() * (kCols / kKGroups);
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int s = 0; s < kSteps; ++s)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int row = row0() + mrow0() + mt * 16 + g + ((i & 1) ? 8 : 0);
+          const int col = k0 + s * 16 + 2 * qq + ((i & 2) ? 8 : 0);
+          const size_t lo = transposed ? size_t(col) * kDim + row : size_t(row) * kDim + col;
+          const size_t hi =
+              transposed ? size_t(col + 1) * kDim + row : size_t(row) * kDim + col + 1;
+          a[mt][s][i] = pack(w[lo], w[hi]);
+        }
+  }
+
+  __device__ static const __nv_bfloat16* source(const Args& p, int k) {
+    if (kIn == 2) return k == 0 ? p.wx : p.z;
+    return k == 0 ? p.d_out : k == 1 ? p.h_all + size_t(p.batch) * kDim : p.z;
+  }
+  // Stage step t of the inputs of this CTA's 16 rows into ring buffer i: [kIn][bc][16].
+  __device__ void stage_inputs(int i, const Args& p, int t, bool skip) const {
+    __nv_bfloat16* dst = stage() + (i % kStages) * kIn * kSubElems;
+    constexpr int kChunks = kBc * 2;  // two 16-byte chunks per (column, 16 rows)
+    for (int c = threadIdx.x; !skip && c < kIn * kChunks; c += kThreads) {
+      const int tensor = c / kChunks, n = (c % kChunks) / 2, half = c % 2;
+      if (p.n0 + n >= p.batch) continue;
+      const __nv_bfloat16* g =
+          source(p, tensor) + (size_t(t) * p.batch + p.n0 + n) * kDim + sub0() + half * 8;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
+                       smem_u32(dst + tensor * kSubElems + n * kSub + half * 8)),
+                   "l"(g));
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+  }
+  __device__ static void wait_inputs() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kLead - 1) : "memory");
+  }
+  __device__ const __nv_bfloat16* inputs(int i) const {
+    return stage() + (i % kStages) * kIn * kSubElems;
+  }
+
+  __device__ __nv_bfloat16* slot(const Args& p, int e, int block) const {
+    return p.slots + (size_t(e & 1) * kBlocks + block) * kSlice;
+  }
+  __device__ float* partial(const Args& p, int m, int block, int quarter) const {
+    return p.partials + ((size_t(m & 1) * kBlocks + block) * kQuarters + quarter) * kSlice;
+  }
+
+  // Fetch exchange e (the state slices of the 8 source blocks) into shared memory: lane 0 of
+  // warp (0, k) waits for block 8q + k's counter and bulk-copies its slot. Called after a
+  // block barrier that ended every read of the previous state.
+  __device__ void fetch(const Args& p, int e) {
+    if (threadIdx.x < kKGroups * 32 && lane() == 0) {
+      const int k = kgroup(), block = q * kSources + k;
+      wait_count(&p.counters[block], unsigned(kQuarters * (e + 1)), p.flags);
+      if (!(p.flags & 8)) fence_async_global();  // the slot was written by generic stores; the copy is async
+      mbar_expect(&bar()[k], kSliceBytes);
+      bulk_load(state() + k * kSlice, slot(p, e, block), kSliceBytes, &bar()[k]);
+    }
+    __syncwarp();  // the mma below are warp-wide
+  }
+
+  // This warp's partial product with the state (fetch number `e` >= 0, or the prologue's
+  // state when e < 0), into red[k-group][n][row].
+  template <class Arrived>
+  __device__ void multiply(int e, Arrived arrived) {
+    const int g = lane() >> 2, qq = lane() & 3, k = kgroup();
+    if (e >= 0) mbar_wait(&bar()[k], uint32_t(e & 1));
+    arrived();
+    const __nv_bfloat16* src = state() + k * kSlice;
+    // n-tiles in groups of at most 4 (at 8 the accumulators of all would spill); with one
+    // n-tile two alternating chains keep four mma in flight.
+    constexpr int kGroup = NT > 4 ? 4 : NT;
+    constexpr int kChains = NT == 1 ? 2 : 1;
+    float* mine = red() + k * kBc * kRedStride;
+#pragma unroll
+    for (int n0 = 0; n0 < NT; n0 += kGroup) {
+      float acc[kChains][kMTiles][kGroup][4] = {};
+#pragma unroll
+      for (int s = 0; s < kSteps; ++s) {
+#pragma unroll
+        for (int nt = 0; nt < kGroup; ++nt) {
+          const int n = (n0 + nt) * 8 + g, kk = s * 16 + 2 * qq;
+          const __nv_bfloat16* row = src + n * kRows;
+          const uint32_t b0 = *reinterpret_cast<const uint32_t*>(row + swz(n, kk));
+          const uint32_t b1 = *reinterpret_cast<const uint32_t*>(row + swz(n, kk + 8));
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) mma(acc[s % kChains][mt][nt], a[mt][s], b0, b1);
+        }
+      }
+#pragma unroll
+      for (int c = 1; c < kChains; ++c)
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < kGroup; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[0][mt][nt][i] += acc[c][mt][nt][i];
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kGroup; ++nt) {
+          const int row = mrow0() + mt * 16 + g, col = (n0 + nt) * 8 + 2 * qq;
+          mine[col * kRedStride + row] = acc[0][mt][nt][0];
+          mine[(col + 1) * kRedStride + row] = acc[0][mt][nt][1];
+          mine[col * kRedStride + row + 8] = acc[0][mt][nt][2];
+          mine[(col + 1) * kRedStride + row + 8] = acc[0][mt][nt][3];
+        }
+    }
+  }
+
+  // After the multiply (and a block barrier): this CTA's partial product of multiply m to
+  // global memory, counted on row block r's partial counter; then wait for all four.
+  __device__ void exchange_partials(const Args& p, int m) const {
+    float* dst = partial(p, m, r, q);
+#pragma unroll
+    for (int i = 0; i < kPerPartial; ++i) {
+      const int j = int(threadIdx.x) + i * kThreads, n = j / kRows, row = j % kRows;
+      float s = 0.f;
+#pragma unroll
+      for (int k = 0; k < kKGroups; ++k) s += red()[(k * kBc + n) * kRedStride + row];
+      dst[j] = s;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      if (!(p.flags & 1)) __threadfence();
+      count_release(&p.counters[kBlocks + r]);
+      wait_count(&p.counters[kBlocks + r], unsigned(kQuarters * (m + 1)), p.flags);
+    }
+    __syncthreads();
+  }
+  // Element i of this thread among the CTA's 16 rows: batch column j / 16, row j % 16.
+  __device__ static int sub_j(int i) { return int(threadIdx.x) + i * kThreads; }
+  __device__ float reduce(const Args& p, int m, int j) const {
+    const int n = j / kSub, row = q * kSub + j % kSub;
+    float s = 0.f;
+#pragma unroll
+    for (int k = 0; k < kQuarters; ++k) s += __ldcg(partial(p, m, r, k) + n * kRows + row);
+    return s;
+  }
+  // Row j % 16 of batch column j / 16 of the new state into row block r's slot for exchange e.
+  __device__ void put(const Args& p, int e, int j, __nv_bfloat16 v) const {
+    const int n = j / kSub;
+    slot(p, e, r)[n * kRows + swz(n, q * kSub + j % kSub)] = v;
+  }
+  // Every thread's slot writes are in; publish them to the readers of row block r.
+  __device__ void publish(const Args& p) const {
+    if (!(p.flags & 4) || threadIdx.x == 0) fence_async_global();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      if (!(p.flags & 1)) __threadfence();
+      count_release(&p.counters[r]);
+    }
+  }
+  __device__ size_t offset(const Args& p, int j) const {  // of element j in a [B][D] plane
+    return size_t(p.n0 + j / kSub) * kDim + sub0() + j % kSub;
+  }
+  __device__ bool live(const Args& p, int j) const {
+    return j < kSubElems && p.n0 + j / kSub < p.batch;
+  }
+};
+
+template <int NT, class Epi, bool kTrace>
+__global__ void __launch_bounds__(kThreads, 1) grid_forward(Args p) {
+  using G = Tile<NT, 2>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  G g(smem);
+  stamp<kTrace>(p, 0);
+  const size_t BD = size_t(p.batch) * kDim;
+  for (int i = 0; i < kLead; ++i) g.stage_inputs(i, p, i, i >= p.steps);
+  g.load_weights(p.w, false);
+  // The prologue's state: h0's columns of this quarter.
+  for (int i = threadIdx.x; i < G::kBc * kCols; i += kThreads) {
+    const int n = i / kCols, k = i % kCols;
+    const __nv_bfloat16 v = p.n0 + n < p.batch ? p.h0[size_t(p.n0 + n) * kDim + g.q * kCols + k]
+                                               : __float2bfloat16_rn(0.f);
+    g.state()[(k / kRows) * G::kSlice + n * kRows + swz(n, k % kRows)] = v;
+  }
+  float bias[G::kPerSub];
+#pragma unroll
+  for (int i = 0; i < G::kPerSub; ++i) {
+    const int j = G::sub_j(i);
+    bias[i] = to_float(p.b[g.sub0() + j % kSub]);
+    if (g.live(p, j)) p.h_all[g.offset(p, j)] = p.h0[g.offset(p, j)];
+  }
+  G::wait_inputs();
+  __syncthreads();
+
+  for (int t = 0; t < p.steps; ++t) {
+    const bool last = t + 1 == p.steps;
+    mark<kTrace>(p, t, 0);
+    const __nv_bfloat16* in = g.inputs(t);
+    float pre_v[G::kPerSub], pre_g[G::kPerSub];
+#pragma unroll
+    for (int i = 0; i < G::kPerSub; ++i) {
+      const int j = min(G::sub_j(i), G::kSubElems - 1);
+      pre_v[i] = to_float(in[j]) + bias[i];
+      pre_g[i] = Epi::gate(to_float(in[G::kSubElems + j]));
+    }
+    g.stage_inputs(t + kLead, p, t + kLead, t + kLead >= p.steps);
+    if (t > 0) g.fetch(p, t - 1);                // h_t is exchange t - 1 (h0: the prologue)
+    g.multiply(t > 0 ? t - 1 : -1, [&] { mark<kTrace>(p, t, 1); });
+    __syncthreads();                             // partial sums of the 8 column groups
+    mark<kTrace>(p, t, 2);
+    g.exchange_partials(p, t);
+    mark<kTrace>(p, t, 3);
+    __nv_bfloat16 hb[G::kPerSub], ob[G::kPerSub];
+#pragma unroll
+    for (int i = 0; i < G::kPerSub; ++i) {
+      const int j = G::sub_j(i);
+      if (j >= G::kSubElems) continue;
+      const float h = Epi::act(g.reduce(p, t, j) + pre_v[i]);
+      hb[i] = __float2bfloat16_rn(h);
+      ob[i] = __float2bfloat16_rn(h * pre_g[i]);
+      if (!last) g.put(p, t, j, hb[i]);
+    }
+    mark<kTrace>(p, t, 4);
+    G::wait_inputs();                            // step t + 1's: the barrier below shows them
+    if (!last) g.publish(p); else __syncthreads();
+    mark<kTrace>(p, t, 5);
+#pragma unroll
+    for (int i = 0; i < G::kPerSub; ++i) {
+      const int j = G::sub_j(i);
+      if (!g.live(p, j)) continue;
+      p.out[t * BD + g.offset(p, j)] = ob[i];
+      p.h_all[(t + 1) * BD + g.offset(p, j)] = hb[i];
+    }
+  }
+  stamp<kTrace>(p, 1);
+}
+
+template <int NT, class Epi>
+__global__ void __launch_bounds__(kThreads, 1) grid_backward(Args p) {
+  using G = Tile<NT, 3>;  // staged: d_out_t, h_t, z_t
+  extern __shared__ __align__(128) unsigned char smem[];
+  G g(smem);
+  const size_t BD = size_t(p.batch) * kDim;
+  const int T = p.steps;
+  for (int i = 0; i < kLead; ++i) g.stage_inputs(i, p, T - 1 - i, i >= T);
+  g.load_weights(p.w, true);
+  G::wait_inputs();
+  __syncthreads();
+
+  for (int u = 0; u < T; ++u) {  // u-th step from the end: t = T - 1 - u
+    const int t = T - 1 - u;
+    const __nv_bfloat16* in = g.inputs(u);
+    float pre_c[G::kPerSub], pre_f[G::kPerSub];
+    __nv_bfloat16 dzb[G::kPerSub];
+#pragma unroll
+    for (int i = 0; i < G::kPerSub; ++i) {
+      const int j = min(G::sub_j(i), G::kSubElems - 1);
+      float dz;
+      Epi::backward_parts(to_float(in[j]), to_float(in[G::kSubElems + j]),
+                          to_float(in[2 * G::kSubElems + j]), pre_c[i], pre_f[i], dz);
+      dzb[i] = __float2bfloat16_rn(dz);
+    }
+    g.stage_inputs(u + kLead, p, t - kLead, u + kLead >= T);
+    if (u > 0) {                                 // W_h^T dv_{t+1}: exchange u - 1
+      g.fetch(p, u - 1);
+      g.multiply(u - 1, [] {});
+      __syncthreads();
+      g.exchange_partials(p, u - 1);
+    }
+    __nv_bfloat16 dvb[G::kPerSub];
+#pragma unroll
+    for (int i = 0; i < G::kPerSub; ++i) {
+      const int j = G::sub_j(i);
+      if (j >= G::kSubElems) continue;
+      const float acc = u > 0 ? g.reduce(p, u - 1, j)
+                              : (g.live(p, j) ? to_float(p.d_hT[g.offset(p, j)]) : 0.f);
+      dvb[i] = __float2bfloat16_rn((acc + pre_c[i]) * pre_f[i]);
+      g.put(p, u, j, dvb[i]);
+    }
+    G::wait_inputs();
+    g.publish(p);
+#pragma unroll
+    for (int i = 0; i < G::kPerSub; ++i) {
+      const int j = G::sub_j(i);
+      if (!g.live(p, j)) continue;
+      p.dv[t * BD + g.offset(p, j)] = dvb[i];
+      p.dz[t * BD + g.offset(p, j)] = dzb[i];
+    }
+  }
+  // dh0 = W_h^T dv_0: exchange T - 1, multiply T - 1.
+  g.fetch(p, T - 1);
+  g.multiply(T - 1, [] {});
+  __syncthreads();
+  g.exchange_partials(p, T - 1);
+#pragma unroll
+  for (int i = 0; i < G::kPerSub; ++i) {
+    const int j = G::sub_j(i);
+    if (g.live(p, j)) p.dh0[g.offset(p, j)] = __float2bfloat16_rn(g.reduce(p, T - 1, j));
+  }
+}
+
+using KernelPtr = void (*)(Args);
+using Epi = TanhSiluGateT<true>;
+
+KernelPtr pick(int nt, bool backward, bool trace = false) {
+#define ELMAN_CASE(NT)                                                                     \
+  case NT:                                                                                 \
+    return backward ? grid_backward<NT, Epi>                                               \
+                    : trace ? grid_forward<NT, Epi, true> : grid_forward<NT, Epi, false>;
+  switch (nt) {
+    ELMAN_CASE(1) ELMAN_CASE(2) ELMAN_CASE(4) ELMAN_CASE(8)
+    default: return nullptr;
+  }
+#undef ELMAN_CASE
+}
+int smem_for(int nt, bool backward) {
+  switch (nt) {
+    case 1: return backward ? Tile<1, 3>::kSmem : Tile<1, 2>::kSmem;
+    case 2: return backward ? Tile<2, 3>::kSmem : Tile<2, 2>::kSmem;
+    case 4: return backward ? Tile<4, 3>::kSmem : Tile<4, 2>::kSmem;
+    default: return backward ? Tile<8, 3>::kSmem : Tile<8, 2>::kSmem;
+  }
+}
+int tiles_for(int batch) {  // n-tiles of 8 batch columns per launch: 1, 2, 4 or 8
+  int nt = 1;
+  while (nt < kMaxBc / 8 && nt * 8 < batch) nt *= 2;
+  return nt;
+}
+
+// Workspace: counters | slots | partials.
+size_t slot_bytes(int bc) { return size_t(2) * kBlocks * bc * kRows * 2; }
+size_t partial_bytes(int bc) { return size_t(2) * kCtas * bc * kRows * 4; }
+
+cudaError_t launch(const PersistentPlan& plan, bool backward, cudaStream_t stream, Args a,
+                   void* xchg) {
+  KernelPtr k = pick(plan.bc / 8, backward, a.trace != nullptr);
+  if (a.trace != nullptr) {  // the plan set the attribute of the untraced kernel only
+    const cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.smem);
+    if (e != cudaSuccess) return e;
+  }
+  { const char* f = getenv("ELMAN_FLAGS"); a.flags = f ? atoi(f) : 0; }  // DEV
+  unsigned char* ws = static_cast<unsigned char*>(xchg);
+  a.counters = reinterpret_cast<unsigned*>(ws);
+  a.slots = reinterpret_cast<__nv_bfloat16*>(ws + kCounterBytes);
+  a.partials = reinterpret_cast<float*>(ws + kCounterBytes + slot_bytes(plan.bc));
+  for (int wave = 0; wave * plan.bc < a.batch; ++wave) {
+    a.n0 = wave * plan.bc;
+    cudaError_t e = cudaMemsetAsync(a.counters, 0, kCounterBytes, stream);
+    if (e != cudaSuccess) return e;
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    cfg.gridDim = dim3(kCtas);
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = plan.smem;
+    cfg.stream = stream;
+    attr[0].id = cudaLaunchAttributeCooperative;  // all 128 CTAs resident, or an error
+    attr[0].val.cooperative = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    e = cudaLaunchKernelEx(&cfg, k, a);
+    if (e != cudaSuccess) return e;
+    e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
+}  // namespace
+
+PersistentPlan dense_grid_plan(int batch, int dim, bool backward) {
+  PersistentPlan plan;
+  plan.design = "grid";
+  if (dim != kDim) { plan.reason = "the grid design takes D = 2048 only"; return plan; }
+  if (batch < 1) { plan.reason = "B must be at least 1"; return plan; }
+  int dev = 0;
+  cudaGetDevice(&dev);
+  const int nt = tiles_for(batch);
+  const int smem = smem_for(nt, backward);
+  static int cache[8][9][2];  // CTAs of this kernel the GPU holds at once, per device
+  static bool cached[8][9][2];
+  int& resident = cache[dev & 7][nt][backward];
+  if (!cached[dev & 7][nt][backward]) {
+    cached[dev & 7][nt][backward] = true;
+    KernelPtr k = pick(nt, backward);
+    int per_sm = 0, sms = 0;
+    if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
+            cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, kThreads, smem) !=
+            cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+      cudaGetLastError();
+      per_sm = sms = 0;
+    }
+    resident = per_sm * sms;
+  }
+  plan.max_active = resident;
+  if (resident < kCtas) {
+    plan.reason = "the grid design needs 128 resident CTAs of 512 threads (128 SMs)";
+    return plan;
+  }
+  plan.ok = true;
+  plan.cluster = 1;
+  plan.bc = nt * 8;
+  plan.clusters = kCtas;
+  plan.smem = smem;
+  plan.waves = (batch + plan.bc - 1) / plan.bc;
+  plan.xchg_bytes = kCounterBytes + slot_bytes(plan.bc) + partial_bytes(plan.bc);
+  if (plan.waves > 1) plan.reason = "B above 64 runs in successive launches of 64 columns";
+  return plan;
+}
+
+cudaError_t dense_grid_forward(cudaStream_t stream, int steps, int batch, const void* wx,
+                               const void* z, const void* w_h, const void* b, const void* h0,
+                               void* out, void* h_all, void* xchg, long long* trace) {
+  const PersistentPlan plan = dense_grid_plan(batch, kDim, false);
+  if (!plan.ok) return cudaErrorInvalidConfiguration;
+  Args a = {};
+  a.steps = steps; a.batch = batch;
+  a.w = static_cast<const __nv_bfloat16*>(w_h);
+  a.b = static_cast<const __nv_bfloat16*>(b);
+  a.wx = static_cast<const __nv_bfloat16*>(wx);
+  a.z = static_cast<const __nv_bfloat16*>(z);
+  a.h0 = static_cast<const __nv_bfloat16*>(h0);
+  a.out = static_cast<__nv_bfloat16*>(out);
+  a.h_all = static_cast<__nv_bfloat16*>(h_all);
+  a.trace = trace;
+  return launch(plan, false, stream, a, xchg);
+}
+
+cudaError_t dense_grid_backward(cudaStream_t stream, int steps, int batch, const void* w_h,
+                                const void* h_all, const void* z, const void* d_out,
+                                const void* d_hT, void* dv, void* dz, void* dh0, void* xchg) {
+  const PersistentPlan plan = dense_grid_plan(batch, kDim, true);
+  if (!plan.ok) return cudaErrorInvalidConfiguration;
+  Args a = {};
+  a.steps = steps; a.batch = batch;
+  a.w = static_cast<const __nv_bfloat16*>(w_h);
+  a.z = static_cast<const __nv_bfloat16*>(z);
+  a.h_all = static_cast<__nv_bfloat16*>(const_cast<void*>(h_all));
+  a.d_out = static_cast<const __nv_bfloat16*>(d_out);
+  a.d_hT = static_cast<const __nv_bfloat16*>(d_hT);
+  a.dv = static_cast<__nv_bfloat16*>(dv);
+  a.dz = static_cast<__nv_bfloat16*>(dz);
+  a.dh0 = static_cast<__nv_bfloat16*>(dh0);
+  return launch(plan, true, stream, a, xchg);
+}
+
+}  // namespace elman
