@@ -5,8 +5,16 @@
 // clusters: 128 CTAs, all resident (a cooperative launch guarantees it), hold W_h (forward)
 // or W_h^T (backward) in registers for the whole sequence. CTA c owns the 64 rows
 // [64 r, 64 r + 64) (r = c / 4) and the quarter q = c % 4 of the columns, [512 q, 512 q + 512):
-// a 64 x 512 tile, held by 16 warps in a 2 x 8 grid as mma.sync A fragments (32 registers a
-// thread). A step crosses L2 twice:
+// a 64 x 512 tile (32 registers a thread), held in one of two ways:
+//   - at 8 and 16 batch columns by 16 warps in a 2 x 8 grid as mma.sync A fragments, warp
+//     (m, k) multiplying rows [32 m, + 32) by source block k: 8 partial products a row;
+//   - at 32 and 64 columns by 4 warpgroups as the register operand of wgmma.m64n{32,64}k16,
+//     warpgroup k multiplying all 64 rows by source blocks 2k and 2k + 1 (4 partial products
+//     a row). The state slices in shared memory are read by wgmma directly: their layout (swz
+//     below, 1024-byte aligned) is wgmma's K-major operand with 128-byte swizzle. mma.sync
+//     reads each A fragment anew for every 8 columns, wgmma once for all of them (the
+//     multiply took 1.3 us of a 6.3 us step on mma.sync at B = 64, run 20261122T150823Z).
+// A step crosses L2 twice:
 //   1. fetch: the tile's columns are the state of row blocks 8q .. 8q + 7; warp (0, k) waits
 //      until the four producers of block 8q + k have published it (a counter per block,
 //      release/acquire at GPU scope) and bulk-copies it from its global slot into shared
@@ -49,9 +57,10 @@ constexpr int kSources = kCols / kRows;           // row blocks whose state a ti
 constexpr int kSub = kRows / kQuarters;           // rows a CTA finishes (16)
 constexpr int kWarps = 16;
 constexpr int kThreads = kWarps * 32;
-constexpr int kKGroups = 8;                       // warps splitting the columns: one source each
-constexpr int kMTiles = 2;                        // 16-row mma tiles per warp
-constexpr int kSteps = kCols / kKGroups / 16;     // mma k-steps per warp (4)
+constexpr int kKGroups = 8;                       // mma.sync: warps splitting the columns
+constexpr int kMTiles = 2;                        // mma.sync: 16-row mma tiles per warp
+constexpr int kSteps = kCols / kKGroups / 16;     // k-steps of one source block (4)
+constexpr int kGroups = kWarps / 4;               // wgmma: warpgroups, two sources each
 constexpr int kRedStride = kRows + 4;             // floats per (k-group, batch) row of partials
 constexpr int kLead = 3;
 constexpr int kStages = kLead + 1;
@@ -132,15 +141,19 @@ struct Tile {
   static constexpr int kSubElems = kBc * kSub;                // the CTA's rows of a step
   static constexpr int kPerSub = (kSubElems + kThreads - 1) / kThreads;
   static constexpr int kPerPartial = kBc * kRows / kThreads;  // partial sums per thread
-  // Shared memory: state[source][n][64] | red[k-group][n][kRedStride] | stage | mbar[source]
+  static constexpr bool kWgmma = NT >= 4;
+  static constexpr int kParts = kWgmma ? kGroups : kKGroups;  // partial products a row
+  // Shared memory (from a 1024-byte aligned base: wgmma's swizzle atoms):
+  // state[source][n][64] | red[part][n][kRedStride] | stage | mbar[source]
   static constexpr int kRedOffset = kSources * kSlice * 2;
-  static constexpr int kStageOffset = kRedOffset + kKGroups * kBc * kRedStride * 4;
+  static constexpr int kStageOffset = kRedOffset + kParts * kBc * kRedStride * 4;
   static constexpr int kBarOffset = kStageOffset + kStages * kIn * kSubElems * 2;
-  static constexpr int kSmem = kBarOffset + kSources * 8;
+  static constexpr int kSmem = kBarOffset + kSources * 8 + 1024;  // + alignment slack
 
   unsigned char* base;
   int r, q;
-  uint32_t a[kMTiles][kSteps][4];
+  // A fragments: mma.sync [m-tile][k-step]; wgmma [1][k-step of the group's two sources]
+  uint32_t a[kWgmma ? 1 : kMTiles][kWgmma ? 2 * kSteps : kSteps][4];
 
   __device__ __nv_bfloat16* state() const { return reinterpret_cast<__nv_bfloat16*>(base); }
   __device__ float* red() const { return reinterpret_cast<float*>(base + kRedOffset); }
@@ -151,10 +164,13 @@ struct Tile {
   __device__ static int lane() { return int(threadIdx.x) & 31; }
   __device__ static int kgroup() { return (int(threadIdx.x) >> 5) % kKGroups; }
   __device__ static int mrow0() { return (int(threadIdx.x) >> 5) / kKGroups * kMTiles * 16; }
+  __device__ static int group() { return int(threadIdx.x) >> 7; }            // wgmma
+  __device__ static int grow0() { return ((int(threadIdx.x) >> 5) & 3) * 16; }  // wgmma
   __device__ int row0() const { return r * kRows; }
   __device__ int sub0() const { return r * kRows + q * kSub; }  // first row this CTA finishes
 
-  __device__ explicit Tile(unsigned char* smem) : base(smem) {
+  __device__ explicit Tile(unsigned char* smem)
+      : base(smem + ((1024u - (smem_u32(smem) & 1023u)) & 1023u)) {
     r = int(blockIdx.x) / kQuarters;
     q = int(blockIdx.x) % kQuarters;
     if (threadIdx.x == 0) {
@@ -164,7 +180,10 @@ struct Tile {
   }
 
   __device__ void load_weights(const __nv_bfloat16* w, bool transposed) {
-    load_a(a, w, kDim, row0() + mrow0(), q * kCols + kgroup() * (kCols / kKGroups), transposed);
+    if constexpr (kWgmma)
+      load_a(a, w, kDim, row0() + grow0(), q * kCols + group() * 2 * kRows, transposed);
+    else
+      load_a(a, w, kDim, row0() + mrow0(), q * kCols + kgroup() * (kCols / kKGroups), transposed);
   }
 
   __device__ static const __nv_bfloat16* source(const Args& p, int k) {
@@ -214,10 +233,17 @@ struct Tile {
     __syncwarp();  // the mma below are warp-wide
   }
 
-  // This warp's partial product with the state (fetch number `e` >= 0, or the prologue's
-  // state when e < 0), into red[k-group][n][row].
+  // This warp's (wgmma: warpgroup's) partial product with the state (fetch number `e` >= 0,
+  // or the prologue's state when e < 0), into red[part][n][row].
   template <class Arrived>
   __device__ void multiply(int e, Arrived arrived) {
+    if constexpr (kWgmma)
+      multiply_wgmma(e, arrived);
+    else
+      multiply_mma(e, arrived);
+  }
+  template <class Arrived>
+  __device__ void multiply_mma(int e, Arrived arrived) {
     const int g = lane() >> 2, qq = lane() & 3, k = kgroup();
     if (e >= 0) mbar_wait(&bar()[k], uint32_t(e & 1));
     arrived();
@@ -246,6 +272,37 @@ struct Tile {
     }
   }
 
+  // The warpgroup's sources 2k and 2k + 1, one commit group each, issued after its wait (the
+  // wait loops stay outside the runs of wgmma, so the compiler keeps them asynchronous).
+  template <class Arrived>
+  __device__ void multiply_wgmma(int e, Arrived arrived) {
+    const int g = lane() >> 2, qq = lane() & 3, k = group();
+    float acc[NT * 4];
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int src = 2 * k + c;
+      if (e >= 0) mbar_wait(&bar()[src], uint32_t(e & 1));
+      if (c == 0) arrived();
+      wgmma_fence();
+#pragma unroll
+      for (int s = 0; s < kSteps; ++s)
+        wgmma<NT>(acc, a[0][c * kSteps + s], desc_sw128(smem_u32(state() + src * kSlice) + 32 * s),
+                  c + s > 0);
+      wgmma_commit();
+    }
+    wgmma_wait_all();
+    fence_operands(acc);
+    float* mine = red() + k * kBc * kRedStride;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int row = grow0() + g, col = nt * 8 + 2 * qq;
+      mine[col * kRedStride + row] = acc[nt * 4 + 0];
+      mine[(col + 1) * kRedStride + row] = acc[nt * 4 + 1];
+      mine[col * kRedStride + row + 8] = acc[nt * 4 + 2];
+      mine[(col + 1) * kRedStride + row + 8] = acc[nt * 4 + 3];
+    }
+  }
+
   // After the multiply (and a block barrier): this CTA's partial product of multiply m to
   // global memory, counted on row block r's partial counter; then wait for all four.
   __device__ void exchange_partials(const Args& p, int m) const {
@@ -255,7 +312,7 @@ struct Tile {
       const int j = int(threadIdx.x) + i * kThreads, n = j / kRows, row = j % kRows;
       float s = 0.f;
 #pragma unroll
-      for (int k = 0; k < kKGroups; ++k) s += red()[(k * kBc + n) * kRedStride + row];
+      for (int k = 0; k < kParts; ++k) s += red()[(k * kBc + n) * kRedStride + row];
       dst[j] = s;
     }
     __syncthreads();
@@ -318,6 +375,7 @@ __global__ void __launch_bounds__(kThreads, 1) grid_forward(Args p) {
     bias[i] = to_float(p.b[g.sub0() + j % kSub]);
     if (g.live(p, j)) p.h_all[g.offset(p, j)] = p.h0[g.offset(p, j)];
   }
+  fence_async_shared();  // h0 was written by threads; wgmma reads it through the async proxy
   G::wait_inputs();
   __syncthreads();
 

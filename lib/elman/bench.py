@@ -13,6 +13,10 @@ Measures, for each (B, D) at T = 512, bf16:
   `cudnn:bf16` (`torch.nn.RNN(tanh)`, whose input GEMM is inside its time).
 - `recurrent_layer`: E1's cell with its input GEMM W_x x and every gradient, as cuDNN's
   RNN layer counts one (the issue's "one layer forward+backward"), beside cuDNN fp16/bf16.
+  In `cell` and `recurrent_layer` every implementation returns its gradients
+  (`torch.autograd.grad`) instead of adding them into the inputs' `.grad`: inside a network
+  the input is an activation, and the accumulation (three passes over [T, B, D] for x and
+  again for z) is not part of a layer's work. Until session 7 both sides paid it.
 - `layer`: one registered layer (variant or baseline) at width D, forward and forward +
   backward under bf16 autocast with fp32 weights, tokens/s and peak memory.
 - `primitive` (`--primitives`): the synchronisation costs a time step pays.
@@ -144,7 +148,8 @@ def _eager_fns(sets):
         s = {k: (v.requires_grad_() if k in ("wx", "z", "w_h", "b", "h0") else v)
              for k, v in sets[i].items()}
         out, h = run(s)
-        torch.autograd.backward((out, h), (s["d_out"], s["d_hT"]))
+        torch.autograd.grad((out, h), [s[k] for k in ("wx", "z", "w_h", "b", "h0")],
+                            (s["d_out"], s["d_hT"]))
     return fwd, fwdbwd
 
 
@@ -162,7 +167,7 @@ def _cudnn_fns(T, B, D, n, dtype):
 
     def fwdbwd(i):
         out, _ = rnn(xs[i], h0)
-        out.backward(grad)
+        torch.autograd.grad(out, [xs[i], *rnn.parameters()], grad)
     return fwd, fwdbwd
 
 
@@ -223,7 +228,7 @@ def recurrent_layer_records(B: int, D: int, T: int = T_DEFAULT, reps: int = 30,
 
     def fwdbwd(i):
         out, _ = dense.gated_cell_cuda(**sets[i])
-        out.backward(grad)
+        torch.autograd.grad(out, list(sets[i].values()), grad)
     fns = {"cuda:" + dense.plan(B, D, torch.bfloat16): (fwd, fwdbwd),
            "cudnn:fp16": _cudnn_fns(T, B, D, n, torch.float16),
            "cudnn:bf16": _cudnn_fns(T, B, D, n, torch.bfloat16)}

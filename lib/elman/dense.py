@@ -152,7 +152,7 @@ class GatedCell(torch.autograd.Function):
         dw_h = dv2.t() @ h_all[:T].reshape(T * B, D)
         dw_x = dv2.t() @ x.view(T * B, D)
         dx = (dv2 @ w_x).view(T, B, D)
-        db = dv2.float().sum(0).to(x.dtype)
+        db = dv2.sum(0, dtype=torch.float32).to(x.dtype)  # fp32 sum, no fp32 copy of dv
         return dx, dz, dw_x, dw_h, db, dh0, None
 
 
