@@ -36,3 +36,17 @@ def test_pick_run_prefers_the_newest_full_pass_over_development_runs(tmp_path):
     assert report.pick_run("bench", "cell", runs_dir=tmp_path / "20260102T000000Z_bbbbbbb_dev-s9",
                            root=tmp_path).name.endswith("dev-s9")  # a named run is used as given
     assert report.pick_run("parity", root=tmp_path) is None
+
+
+def test_clock_table_has_a_row_per_work_and_a_column_per_sm_count():
+    def rec(work, sms, ghz):
+        return {"impl": f"sm_clock_{work}", "params": {"measure": "clock", "work": work, "sms": sms},
+                "metrics": {"ghz": ghz}}
+    recs = [rec("fma", 16, 1.98), rec("mma", 16, 1.816), rec("mma", 128, 1.83),
+            {"impl": "grid_sync_cg_us", "params": {"measure": "primitive"}, "metrics": {"us": 1.1}}]
+    lines = report.clock_table(recs).splitlines()
+    assert lines[0] == "| work | 16 SMs | 128 SMs |"
+    assert lines[2] == "| FMAs, no tensor work | 1.98 | not measured |"
+    assert lines[3] == "| mma.sync back to back | 1.82 | 1.83 |"
+    assert len(lines) == 4  # no bursts measured: no row
+    assert "No SM-clock records" in report.clock_table(recs[-1:])

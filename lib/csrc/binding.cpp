@@ -230,4 +230,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                        int(iters), scratch.data_ptr()),
                "all-gather");
   }, py::arg("method"), py::arg("cluster"), py::arg("slice"), py::arg("iters"), py::arg("scratch"));
+  m.def("clock_probe", [](int64_t work, int64_t blocks, int64_t rounds, const at::Tensor& out) {
+    TORCH_CHECK(out.is_cuda() && out.is_contiguous() && out.scalar_type() == at::kLong &&
+                    out.numel() >= 2 * blocks,
+                "out must be a contiguous CUDA int64 tensor of at least 2 * blocks elements");
+    check_cuda(elman::launch_clock_probe(current_stream(), int(work), int(blocks), int(rounds),
+                                         reinterpret_cast<long long*>(out.data_ptr<int64_t>())),
+               "clock probe");
+  }, py::arg("work"), py::arg("blocks"), py::arg("rounds"), py::arg("out"));
 }

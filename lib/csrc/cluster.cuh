@@ -9,6 +9,13 @@
 
 namespace elman {
 
+// The GPU's nanosecond timer (with clock64, the SM clock a kernel ran at).
+__device__ __forceinline__ long long globaltimer() {
+  long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
+
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return uint32_t(__cvta_generic_to_shared(p));
 }
@@ -38,6 +45,29 @@ __device__ __forceinline__ void mbar_wait(const uint64_t* bar, uint32_t parity) 
       " @!done bra WAIT_%=;\n}\n" ::"r"(smem_u32(bar)),
       "r"(parity)
       : "memory");
+}
+// The same wait for a warp that multiplies as soon as the phase completes: it polls with
+// test_wait and issues one mma.sync on zero registers between polls, so that the SM's tensor
+// pipe stays busy while the data is in flight. Measured (dev-s8d, dev-s8e, dev-s8f, A/B in
+// one process): 1-4 % off a step of the cluster kernels, forward and backward, mostly in the
+// first k-steps of the multiply; a bare test_wait spin was 2-3 % slower than try_wait.
+__device__ __forceinline__ void mbar_wait_busy(const uint64_t* bar, uint32_t parity) {
+  float d0 = 0.f, d1 = 0.f, d2 = 0.f, d3 = 0.f;
+  for (;;) {
+    uint32_t done;
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_u32(bar)), "r"(parity)
+        : "memory");
+    if (done) return;
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%4,%4,%4}, "
+        "{%4,%4}, {%0,%1,%2,%3};\n"
+        : "+f"(d0), "+f"(d1), "+f"(d2), "+f"(d3)
+        : "r"(0u));
+  }
 }
 
 // ---- putting bytes into a peer's shared memory, counted on the peer's mbarrier ---------

@@ -101,5 +101,9 @@ cudaError_t launch_dsmem_pingpong(cudaStream_t stream, int iters);
 // (`scratch`: 2 * cluster * slice bytes of global memory).
 cudaError_t launch_allgather(cudaStream_t stream, int method, int cluster, int slice, int iters,
                              void* scratch);
+// `blocks` CTAs of 512 threads doing `rounds` rounds of one kind of work (0 FMAs, 1 mma.sync
+// back to back, 2 mma.sync bursts every 2 us); out[2 b], out[2 b + 1] = cycles, ns of CTA b.
+cudaError_t launch_clock_probe(cudaStream_t stream, int work, int blocks, int rounds,
+                               long long* out);
 
 }  // namespace elman

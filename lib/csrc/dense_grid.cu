@@ -102,10 +102,8 @@ __device__ __forceinline__ void mark(const Args& p, int step, int phase) {
 template <bool kTrace>
 __device__ __forceinline__ void stamp(const Args& p, int slot) {
   if (kTrace && blockIdx.x == 0 && threadIdx.x == 0) {
-    long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
     p.trace[p.steps * kTracePhases + 2 * slot] = clock64();
-    p.trace[p.steps * kTracePhases + 2 * slot + 1] = t;
+    p.trace[p.steps * kTracePhases + 2 * slot + 1] = globaltimer();
   }
 }
 

@@ -9,7 +9,7 @@
 //      mma.m16n8k16 (fp32 accumulate, four independent chains per warp), one partial per
 //      warp; before each k-step a warp waits only for the slice of the CTA that owns those
 //      columns (one mbarrier per source CTA), so early slices are multiplied while later
-//      ones are still arriving;
+//      ones are still arriving; a waiting warp keeps the tensor pipe busy (mbar_wait_busy);
 //   2. sums the 8 partials of each row and applies the epilogue (bias, tanh, gate; or in
 //      backward the gate and tanh gradients), writing its part of the new state to a global
 //      staging slot;
@@ -79,11 +79,6 @@ struct Args {
 constexpr int kTracePhases = 6;  // start, state arrived, multiplied, inputs+partials ready,
                                  // epilogue done, sent
 
-__device__ __forceinline__ long long globaltimer() {
-  long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
-  return t;
-}
 // The traced forward is its own instantiation (kTrace): in the untraced one the marks are no
 // code at all (measured: their checks alone cost about 60 ns a step). A mark reads the
 // pointer from the kernel parameters each time (no live register).
@@ -223,7 +218,7 @@ struct Cta {
   }
   // Wait until source CTA `src`'s slice of exchange e has arrived.
   __device__ void wait_source(int e, int src) const {
-    mbar_wait(&bar()[((e + 1) & 1) * kRanks + src], (e >> 1) & 1);
+    mbar_wait_busy(&bar()[((e + 1) & 1) * kRanks + src], (e >> 1) & 1);
   }
 
   // Partial products of this warp's rows and columns with state buffer i, into

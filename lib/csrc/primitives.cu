@@ -152,6 +152,48 @@ __global__ void allgather_kernel(int iters, int slice, uint4* scratch) {
   cluster.sync();
 }
 
+// The SM clock a kernel runs at, by the kind of work it does: each CTA (512 threads, one per
+// SM) reads clock64 and %globaltimer (ns) before and after `rounds` rounds of
+//   work 0: 64 dependent FMAs a thread (no tensor work);
+//   work 1: 64 mma.sync m16n8k16 a warp in four independent chains, back to back;
+//   work 2: the same 64 mma.sync, but each round starts when %globaltimer crosses a multiple
+//           of 2 us, the warps spinning on the timer in between (short multiplies separated
+//           by waits: the shape of a persistent step).
+// out[2 b] = cycles and out[2 b + 1] = nanoseconds of CTA b.
+__global__ void clock_probe_kernel(int work, int rounds, long long* out) {
+  const long long c0 = clock64(), g0 = globaltimer();
+  float x = threadIdx.x * 1e-3f;
+  float c[4][4] = {};
+  const uint32_t a = 0x3F803F80u;  // two bf16 ones
+  for (int r = 0; r < rounds; ++r) {
+    if (work == 0) {
+#pragma unroll 16
+      for (int i = 0; i < 64; ++i) x = fmaf(x, 1.0001f, 1e-7f);
+      continue;
+    }
+    if (work == 2) {
+      const long long now = globaltimer(), next = (now / 2000 + 1) * 2000;
+      while (globaltimer() < next) {
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%4,%4,%4}, "
+            "{%4,%4}, {%0,%1,%2,%3};\n"
+            : "+f"(c[j][0]), "+f"(c[j][1]), "+f"(c[j][2]), "+f"(c[j][3])
+            : "r"(a));
+  }
+  const long long c1 = clock64(), g1 = globaltimer();
+  if (threadIdx.x == 0) {
+    out[2 * blockIdx.x] = c1 - c0;
+    out[2 * blockIdx.x + 1] = g1 - g0;
+  }
+  if (x == -1.f && c[0][0] + c[1][1] + c[2][2] + c[3][3] == -1.f) out[0] = 0;  // keep the work
+}
+
 cudaError_t launch_cluster(void (*kernel)(int), int cluster, int iters, cudaStream_t stream) {
   if (cluster > 8) {
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
@@ -191,6 +233,18 @@ cudaError_t launch_cluster_sync(cudaStream_t stream, int cluster, int iters) {
 
 cudaError_t launch_dsmem_pingpong(cudaStream_t stream, int iters) {
   return launch_cluster(dsmem_pingpong_kernel, 2, iters, stream);
+}
+
+cudaError_t launch_clock_probe(cudaStream_t stream, int work, int blocks, int rounds,
+                               long long* out) {
+  if (work < 0 || work > 2 || blocks < 1 || rounds < 0) return cudaErrorInvalidValue;
+  // 120 KB of (unused) shared memory a CTA: no two CTAs share an SM.
+  constexpr int kSmem = 120 * 1024;
+  const cudaError_t e =
+      cudaFuncSetAttribute(clock_probe_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  if (e != cudaSuccess) return e;
+  clock_probe_kernel<<<blocks, 512, kSmem, stream>>>(work, rounds, out);
+  return cudaGetLastError();
 }
 
 cudaError_t launch_allgather(cudaStream_t stream, int method, int cluster, int slice, int iters,

@@ -357,6 +357,36 @@ def primitive_records(iters: int = 2000) -> list[dict]:
                          {"us": value}) for name, value in results.items()]
 
 
+CLOCK_WORK = ("fma", "mma", "mma_bursts")  # lib/csrc/primitives.cu clock_probe_kernel
+CLOCK_SMS = (16, 32, 128)
+
+
+def clock_records() -> list[dict]:
+    """The SM clock a kernel runs at, by the kind of work it does: clock64 against the GPU's
+    nanosecond timer (%globaltimer) in each of `sms` CTAs of 512 threads, one per SM, for
+    about a millisecond: FMAs alone, mma.sync back to back, or mma.sync in short bursts every
+    2 us (see lib/csrc/primitives.cu). Median, min and max over the CTAs of the third launch.
+    nvidia-smi's SM clock does not show the difference (it read 1980 MHz throughout, with no
+    clock-event reason, in run dev-s8a), and the ratio inherits the timer's accuracy."""
+    ext = ops.load()
+    warm_up()
+    rounds = {"fma": 4000, "mma": 1000, "mma_bursts": 500}
+    out = []
+    for sms in CLOCK_SMS:
+        for w, work in enumerate(CLOCK_WORK):
+            t = torch.zeros(2 * sms, dtype=torch.int64, device="cuda")
+            for _ in range(3):
+                ext.clock_probe(w, sms, rounds[work], t)
+            torch.cuda.synchronize()
+            cycles, ns = t.view(sms, 2).double().unbind(1)
+            ghz = (cycles / ns).sort().values
+            out.append(records.make("bench", "primitive", f"sm_clock_{work}",
+                                    {"measure": "clock", "work": work, "sms": sms},
+                                    {"ghz": ghz.median().item(), "min_ghz": ghz[0].item(),
+                                     "max_ghz": ghz[-1].item(), "ms": ns.median().item() / 1e6}))
+    return out
+
+
 def trace_record(B: int, D: int, T: int = T_DEFAULT) -> dict:
     """Where a persistent forward step spends its time: CTA 0's clock at six boundaries of
     every step (see lib/csrc/dense_persistent.cu), as median nanoseconds per phase."""
@@ -400,7 +430,7 @@ def main(args) -> int:
     reps = 5 if args.quick else args.reps
     recs: list[dict] = []
     if args.primitives:
-        recs += primitive_records(200 if args.quick else 2000)
+        recs += primitive_records(200 if args.quick else 2000) + clock_records()
         recs += [trace_record(B, D, args.T) for D in args.D for B in args.B
                  if dense.plan(B, D, torch.bfloat16) == "persistent"]
         records.write(recs)

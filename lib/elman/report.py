@@ -153,6 +153,26 @@ def primitive_table(recs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+CLOCK_LABELS = {"fma": "FMAs, no tensor work", "mma": "mma.sync back to back",
+                "mma_bursts": "mma.sync bursts every 2 us"}
+
+
+def clock_table(recs: list[dict]) -> str:
+    """SM clock (GHz, median over the CTAs) by the kind of work, one column per SM count."""
+    rows = [r for r in recs if r["params"].get("measure") == "clock"]
+    if not rows:
+        return "No SM-clock records in this run (`elman bench --primitives` writes them)."
+    sms = sorted({r["params"]["sms"] for r in rows})
+    lines = ["| work | " + " | ".join(f"{n} SMs" for n in sms) + " |",
+             "|---|" + "---|" * len(sms)]
+    for work, label in CLOCK_LABELS.items():
+        by = {r["params"]["sms"]: r["metrics"]["ghz"] for r in rows if r["params"]["work"] == work}
+        if by:
+            lines.append(f"| {label} | " + " | ".join(f"{by[n]:.2f}" if n in by else "not measured"
+                                                      for n in sms) + " |")
+    return "\n".join(lines)
+
+
 # ---- plots -----------------------------------------------------------------------------
 def plot_cells(recs: list[dict], metric: str = "per_step_us", title: str = ""):
     """Per-step latency (or fwd+bwd time) against B, one panel per D, one line per impl."""
