@@ -50,10 +50,15 @@ __device__ __forceinline__ void mbar_wait(const uint64_t* bar, uint32_t parity) 
 // test_wait and issues one mma.sync on zero registers between polls, so that the SM's tensor
 // pipe stays busy while the data is in flight. Measured (dev-s8d, dev-s8e, dev-s8f, A/B in
 // one process): 1-4 % off a step of the cluster kernels, forward and backward, mostly in the
-// first k-steps of the multiply; a bare test_wait spin was 2-3 % slower than try_wait.
+// first k-steps of the multiply; a bare test_wait spin was 2-3 % slower than try_wait. After
+// kBusyPolls polls (about 3000 cycles, some four times a step's wait) it blocks in try_wait:
+// under compute-sanitizer's racecheck, which runs the warps one at a time, an unbounded spin
+// did not finish (run 20261124T072533Z_d0710bd).
+constexpr int kBusyPolls = 64;
 __device__ __forceinline__ void mbar_wait_busy(const uint64_t* bar, uint32_t parity) {
   float d0 = 0.f, d1 = 0.f, d2 = 0.f, d3 = 0.f;
-  for (;;) {
+#pragma unroll 1
+  for (int i = 0; i < kBusyPolls; ++i) {
     uint32_t done;
     asm volatile(
         "{\n .reg .pred p;\n mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
@@ -68,6 +73,7 @@ __device__ __forceinline__ void mbar_wait_busy(const uint64_t* bar, uint32_t par
         : "+f"(d0), "+f"(d1), "+f"(d2), "+f"(d3)
         : "r"(0u));
   }
+  mbar_wait(bar, parity);
 }
 
 // ---- putting bytes into a peer's shared memory, counted on the peer's mbarrier ---------
