@@ -50,3 +50,13 @@ def test_clock_table_has_a_row_per_work_and_a_column_per_sm_count():
     assert lines[3] == "| mma.sync back to back | 1.82 | 1.83 |"
     assert len(lines) == 4  # no bursts measured: no row
     assert "No SM-clock records" in report.clock_table(recs[-1:])
+
+
+def test_bench_summary_prints_clock_and_primitive_records():
+    from elman import bench
+    recs = [{"impl": "sm_clock_mma", "params": {"measure": "clock", "work": "mma", "sms": 32},
+             "metrics": {"ghz": 1.83, "min_ghz": 1.82, "max_ghz": 1.84, "ms": 0.9}},
+            {"impl": "grid_sync_cg_us", "params": {"measure": "primitive"}, "metrics": {"us": 1.1}}]
+    lines = bench.summary(recs).splitlines()
+    assert lines[0].startswith("clock mma") and "32 SMs" in lines[0] and "1.830 GHz" in lines[0]
+    assert lines[1].startswith("primitive grid_sync_cg_us")

@@ -49,8 +49,8 @@ __device__ __forceinline__ void mbar_wait(const uint64_t* bar, uint32_t parity) 
 // The same wait for a warp that multiplies as soon as the phase completes: it polls with
 // test_wait and issues one mma.sync on zero registers between polls, so that the SM's tensor
 // pipe stays busy while the data is in flight. Measured (dev-s8d, dev-s8e, dev-s8f, A/B in
-// one process): 1-4 % off a step of the cluster kernels, forward and backward, mostly in the
-// first k-steps of the multiply; a bare test_wait spin was 2-3 % slower than try_wait. After
+// one process): up to 4 % off a step of the cluster kernels, forward and backward, none
+// slower, mostly in the multiply; a bare test_wait spin was 0-4 % slower than try_wait. After
 // kBusyPolls polls (about 3000 cycles, some four times a step's wait) it blocks in try_wait:
 // under compute-sanitizer's racecheck, which runs the warps one at a time, an unbounded spin
 // did not finish (run 20261124T072533Z_d0710bd).

@@ -475,6 +475,9 @@ def summary(recs: list[dict]) -> str:
         p, m = r["params"], r["metrics"]
         if p["measure"] == "primitive":
             lines.append(f"primitive {r['impl']:<36} {m['us']:8.3f} us")
+        elif p["measure"] == "clock":
+            lines.append(f"clock {p['work']:<10} on {p['sms']:>3} SMs  {m['ghz']:.3f} GHz "
+                         f"(min {m['min_ghz']:.3f}, max {m['max_ghz']:.3f})")
         elif p["measure"] == "trace":
             phases = "  ".join(f"{k} {v:6.0f}" for k, v in m["phase_ns"].items())
             lines.append(f"trace B={p['B']:<3} D={p['D']:<5} step {m['step_ns']:6.0f} ns at "
