@@ -84,9 +84,13 @@ bool run(const Shape& s) {
                                                    h_all, z, d_out, d_hT, dv, dz, dh0, xb),
                   "backward", s) &&
             check(cudaDeviceSynchronize(), "backward", s);
-  if (ok)
-    std::printf("T=%d B=%d D=%d (%d clusters of %d CTAs, %d batch columns each): forward + backward ran\n",
-                s.T, s.B, s.D, fwd.clusters, fwd.cluster, fwd.bc);
+  if (ok && fwd.cluster == 1)
+    std::printf("T=%d B=%d D=%d (%s design: %d CTAs, %d batch columns): forward + backward ran\n",
+                s.T, s.B, s.D, fwd.design, fwd.clusters, fwd.bc);
+  else if (ok)
+    std::printf("T=%d B=%d D=%d (%s design: %d clusters of %d CTAs, %d batch columns each): "
+                "forward + backward ran\n",
+                s.T, s.B, s.D, fwd.design, fwd.clusters, fwd.cluster, fwd.bc);
   for (void* p : owned) cudaFree(p);
   return ok;
 }

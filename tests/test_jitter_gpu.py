@@ -1,10 +1,12 @@
 """Races in the persistent kernels, looked for by perturbing their timing.
 
-The jitter build (`ops.load(jitter=True)`, ELMAN_JITTER in lib/csrc/dense_persistent.cu) makes
-warps sleep pseudo-random times at every synchronisation point of a step: before and after
-the expect, around the staging, after each slice's arrival, around the partial-sum barrier
-and the publish. The kernels' arithmetic order does not depend on timing, so a race-free
-protocol gives every output bitwise as the normal build does. It complements
+The jitter build (`ops.load(jitter=True)`, ELMAN_JITTER, `jitter` in lib/csrc/cluster.cuh)
+makes warps of both persistent designs sleep pseudo-random times at every synchronisation
+point of a step: in the cluster design (D <= 1024) before and after the expect, around the
+staging, after each slice's arrival, around the partial-sum barrier and the publish; in the
+grid design (D = 2048) also between a counter and the copy it allows, and around the exchange
+of partial sums through L2. The kernels' arithmetic order does not depend on timing, so a
+race-free protocol gives every output bitwise as the normal build does. It complements
 compute-sanitizer's racecheck (gpu_pass.sh's sanitize stage, from the plain CUDA program
 scripts/sanitize_persistent.cu, since racecheck fails with an internal error under Python),
 and runs through the op. What it can and cannot see (run 20261122T121304Z_c8e948f289_dev-mutate): a planted race between warps, the
@@ -19,9 +21,11 @@ from elman import dense, ops
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
-# Every D the kernel takes; one and several clusters; odd B (dead batch columns); 16 batch
-# columns per cluster (B = 64, D = 1024).
-SHAPES = [(24, 3, 256), (24, 20, 512), (16, 4, 768), (24, 16, 1024), (12, 64, 1024)]
+# Every D the kernels take; one and several clusters; odd B (dead batch columns); 16 batch
+# columns per cluster (B = 64, D = 1024); the grid design (D = 2048) with its mma.sync multiply
+# (8 batch columns) and its wgmma multiply (32 columns, 12 of them dead; 64 columns).
+SHAPES = [(24, 3, 256), (24, 20, 512), (16, 4, 768), (24, 16, 1024), (12, 64, 1024),
+          (10, 5, 2048), (10, 20, 2048), (8, 64, 2048)]
 
 
 def _inputs(T, B, D):

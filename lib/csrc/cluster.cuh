@@ -1,6 +1,7 @@
 // Thread-block-cluster helpers (sm_90) shared by the persistent kernels and the primitive
-// benchmarks: shared-memory addresses, mbarriers, the three ways one CTA can put bytes into
-// another CTA's shared memory, and the cluster launch configuration.
+// benchmarks: the timer, the jitter build's delays, shared-memory addresses, mbarriers, the
+// three ways one CTA can put bytes into another CTA's shared memory, and the cluster launch
+// configuration.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -14,6 +15,28 @@ __device__ __forceinline__ long long globaltimer() {
   long long t;
   asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
   return t;
+}
+
+// The jitter build (ELMAN_JITTER; built and run only by tests/test_jitter_gpu.py): at each
+// synchronisation point of a step of either persistent design a quarter of the warps sleep a
+// pseudo-random 0-2 us, a different pattern per CTA, warp, step and point. The kernels'
+// arithmetic order does not depend on timing, so a race-free protocol gives bitwise the
+// results of the normal build; a race (a buffer read while it is overwritten, a slice used
+// before it arrived) shows up as a difference. It complements compute-sanitizer's racecheck
+// (scripts/sanitize_persistent.cu, a plain CUDA program: under Python racecheck stops with an
+// internal error on these kernels).
+__device__ __forceinline__ void jitter(int step, int point) {
+#ifdef ELMAN_JITTER
+  uint32_t h = (blockIdx.x * 0x9E3779B1u) ^ ((threadIdx.x >> 5) * 0x85EBCA77u) ^
+               (uint32_t(step) * 0xC2B2AE3Du) ^ (uint32_t(point) * 0x27D4EB2Fu);
+  h ^= h >> 15;
+  h *= 0x2C1B3C6Du;
+  h ^= h >> 12;
+  if ((h & 3) == 0) __nanosleep(h >> 21);  // up to 2047 ns
+#else
+  (void)step;
+  (void)point;
+#endif
 }
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {

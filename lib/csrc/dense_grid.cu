@@ -224,6 +224,7 @@ struct Tile {
     if (threadIdx.x < kKGroups * 32 && lane() == 0) {
       const int k = kgroup(), block = q * kSources + k;
       wait_count(&p.counters[block], unsigned(kQuarters * (e + 1)));
+      jitter(e, 2);  // between the counter and the copy
       fence_async_global();  // the slot was written by generic stores; the copy is async
       mbar_expect(&bar()[k], kSliceBytes);
       bulk_load(state() + k * kSlice, slot(p, e, block), kSliceBytes, &bar()[k]);
@@ -244,6 +245,7 @@ struct Tile {
   __device__ void multiply_mma(int e, Arrived arrived) {
     const int g = lane() >> 2, qq = lane() & 3, k = kgroup();
     if (e >= 0) mbar_wait(&bar()[k], uint32_t(e & 1));
+    jitter(e, 6 + k);  // between the arrival of a slice and its use
     arrived();
     const __nv_bfloat16* src = state() + k * kSlice;
     // n-tiles in groups of at most 4 (at 8 the accumulators of all would spill); with one
@@ -280,6 +282,7 @@ struct Tile {
     for (int c = 0; c < 2; ++c) {
       const int src = 2 * k + c;
       if (e >= 0) mbar_wait(&bar()[src], uint32_t(e & 1));
+      jitter(e, 6 + src);
       if (c == 0) arrived();
       wgmma_fence();
 #pragma unroll
@@ -313,12 +316,14 @@ struct Tile {
       for (int k = 0; k < kParts; ++k) s += red()[(k * kBc + n) * kRedStride + row];
       dst[j] = s;
     }
+    jitter(m, 14);
     __syncthreads();
     if (threadIdx.x == 0) {  // the block barrier, then a release at GPU scope: every
       count_release(&p.counters[kBlocks + r]);  // thread's writes are visible before the count
       wait_count(&p.counters[kBlocks + r], unsigned(kQuarters * (m + 1)));
     }
     __syncthreads();
+    jitter(m, 15);  // between the partials' counter and their reads
   }
   // Element i of this thread among the CTA's 16 rows: batch column j / 16, row j % 16.
   __device__ static int sub_j(int i) { return int(threadIdx.x) + i * kThreads; }
@@ -380,6 +385,7 @@ __global__ void __launch_bounds__(kThreads, 1) grid_forward(Args p) {
   for (int t = 0; t < p.steps; ++t) {
     const bool last = t + 1 == p.steps;
     mark<kTrace>(p, t, 0);
+    jitter(t, 0);
     const __nv_bfloat16* in = g.inputs(t);
     float pre_v[G::kPerSub], pre_g[G::kPerSub];
 #pragma unroll
@@ -389,8 +395,10 @@ __global__ void __launch_bounds__(kThreads, 1) grid_forward(Args p) {
       pre_g[i] = Epi::gate(to_float(in[G::kSubElems + j]));
     }
     g.stage_inputs(t + kLead, p, t + kLead, t + kLead >= p.steps);
+    jitter(t, 1);
     if (t > 0) g.fetch(p, t - 1);                // h_t is exchange t - 1 (h0: the prologue)
     g.multiply(t > 0 ? t - 1 : -1, [&] { mark<kTrace>(p, t, 1); });
+    jitter(t, 3);
     __syncthreads();                             // partial sums of the 8 column groups
     mark<kTrace>(p, t, 2);
     g.exchange_partials(p, t);
@@ -406,8 +414,10 @@ __global__ void __launch_bounds__(kThreads, 1) grid_forward(Args p) {
       if (!last) g.put(p, t, j, hb[i]);
     }
     mark<kTrace>(p, t, 4);
+    jitter(t, 4);
     G::wait_inputs();                            // step t + 1's: the barrier below shows them
     if (!last) g.publish(p); else __syncthreads();
+    jitter(t, 5);
     mark<kTrace>(p, t, 5);
 #pragma unroll
     for (int i = 0; i < G::kPerSub; ++i) {
@@ -434,6 +444,7 @@ __global__ void __launch_bounds__(kThreads, 1) grid_backward(Args p) {
 
   for (int u = 0; u < T; ++u) {  // u-th step from the end: t = T - 1 - u
     const int t = T - 1 - u;
+    jitter(u, 0);
     const __nv_bfloat16* in = g.inputs(u);
     float pre_c[G::kPerSub], pre_f[G::kPerSub];
     __nv_bfloat16 dzb[G::kPerSub];
@@ -446,9 +457,11 @@ __global__ void __launch_bounds__(kThreads, 1) grid_backward(Args p) {
       dzb[i] = __float2bfloat16_rn(dz);
     }
     g.stage_inputs(u + kLead, p, t - kLead, u + kLead >= T);
+    jitter(u, 1);
     if (u > 0) {                                 // W_h^T dv_{t+1}: exchange u - 1
       g.fetch(p, u - 1);
       g.multiply(u - 1, [] {});
+      jitter(u, 3);
       __syncthreads();
       g.exchange_partials(p, u - 1);
     }
@@ -462,8 +475,10 @@ __global__ void __launch_bounds__(kThreads, 1) grid_backward(Args p) {
       dvb[i] = __float2bfloat16_rn((acc + pre_c[i]) * pre_f[i]);
       g.put(p, u, j, dvb[i]);
     }
+    jitter(u, 4);
     G::wait_inputs();
     g.publish(p);
+    jitter(u, 5);
 #pragma unroll
     for (int i = 0; i < G::kPerSub; ++i) {
       const int j = G::sub_j(i);

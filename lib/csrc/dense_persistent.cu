@@ -97,29 +97,6 @@ __device__ __forceinline__ void stamp(const Args& p, int slot) {
     p.trace[p.steps * kTracePhases + 2 * slot + 1] = globaltimer();
   }
 }
-// The jitter build (ELMAN_JITTER; built and run only by tests/test_jitter_gpu.py): at each
-// synchronisation point of a step a quarter of the warps sleep a pseudo-random 0-2 us, a
-// different pattern per CTA, warp, step and point. The kernels' arithmetic order does not
-// depend on timing, so a race-free protocol gives bitwise the results of the normal build;
-// a race (a buffer read while it is overwritten, a slice used before it arrived) shows up
-// as a difference. It complements compute-sanitizer's racecheck (scripts/sanitize_persistent.cu,
-// a plain CUDA program: under Python racecheck stops with an internal error on these kernels).
-__device__ __forceinline__ void jitter(int step, int point) {
-#ifdef ELMAN_JITTER
-  uint32_t h = (blockIdx.x * 0x9E3779B1u) ^ ((threadIdx.x >> 5) * 0x85EBCA77u) ^
-               (uint32_t(step) * 0xC2B2AE3Du) ^ (uint32_t(point) * 0x27D4EB2Fu);
-  h ^= h >> 15;
-  h *= 0x2C1B3C6Du;
-  h ^= h >> 12;
-  if ((h & 3) == 0) __nanosleep(h >> 21);  // up to 2047 ns
-#else
-  (void)step;
-  (void)point;
-#endif
-}
-
-// ---- PTX helpers ------------------------------------------------------------------------
-
 // ---- the per-CTA machinery shared by forward and backward ---------------------------------
 // KS = D / 256; NT = bc / 8 mma n-tiles; kIn staged input tensors.
 template <int KS, int NT, int kIn>

@@ -44,7 +44,7 @@ def load(verbose: bool = False, jitter: bool = False):
 
     `jitter=True` builds a second module, `elman_cuda_jitter`, whose persistent kernels sleep
     pseudo-random times at their synchronisation points (ELMAN_JITTER in
-    lib/csrc/dense_persistent.cu); only tests/test_jitter_gpu.py uses it."""
+    lib/csrc/cluster.cuh); only tests/test_jitter_gpu.py uses it."""
     global _ext, _ext_jitter, build_seconds
     if jitter and _ext_jitter is not None:
         return _ext_jitter
