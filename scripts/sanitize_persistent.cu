@@ -14,8 +14,8 @@
 // default shapes are the parity suite's that take the persistent path (common.py's
 // DENSE_TEST_SHAPES), with T cut to at most 6: five exchanges reach both phases of both
 // state buffers' barriers, which is all the protocol has; racecheck is slow. The grid design
-// (D = 2048) runs at 32 and 64 batch columns with T = 4: three fetches reach both phases of
-// its barriers.
+// (D = 2048) runs with T = 4 (three fetches reach both phases of its barriers) at 8 and 16
+// batch columns (its mma.sync multiply, one and two n-tiles) and at 32 and 64 (wgmma).
 #include <cuda_bf16.h>
 
 #include <cstdio>
@@ -28,8 +28,8 @@ namespace {
 
 struct Shape { int T, B, D; };
 const Shape kDefault[] = {{6, 4, 256}, {6, 5, 512}, {6, 16, 1024}, {6, 64, 512},
-                          {5, 8, 768}, {6, 64, 1024}, {4, 130, 1024}, {4, 20, 2048},
-                          {4, 64, 2048}};
+                          {5, 8, 768}, {6, 64, 1024}, {4, 130, 1024}, {4, 5, 2048},
+                          {4, 16, 2048}, {4, 20, 2048}, {4, 64, 2048}};
 
 bool check(cudaError_t e, const char* what, const Shape& s) {
   if (e == cudaSuccess) return true;
