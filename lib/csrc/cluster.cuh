@@ -69,36 +69,6 @@ __device__ __forceinline__ void mbar_wait(const uint64_t* bar, uint32_t parity) 
       "r"(parity)
       : "memory");
 }
-// The same wait for a warp that multiplies as soon as the phase completes: it polls with
-// test_wait and issues one mma.sync on zero registers between polls, so that the SM's tensor
-// pipe stays busy while the data is in flight. Measured (dev-s8d, dev-s8e, dev-s8f, A/B in
-// one process): up to 4 % off a step of the cluster kernels, forward and backward, none
-// slower, mostly in the multiply; a bare test_wait spin was 0-4 % slower than try_wait. After
-// kBusyPolls polls (about 3000 cycles, some four times a step's wait) it blocks in try_wait:
-// under compute-sanitizer's racecheck, which runs the warps one at a time, an unbounded spin
-// did not finish (run 20261124T072533Z_d0710bd).
-constexpr int kBusyPolls = 64;
-__device__ __forceinline__ void mbar_wait_busy(const uint64_t* bar, uint32_t parity) {
-  float d0 = 0.f, d1 = 0.f, d2 = 0.f, d3 = 0.f;
-#pragma unroll 1
-  for (int i = 0; i < kBusyPolls; ++i) {
-    uint32_t done;
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        " selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_u32(bar)), "r"(parity)
-        : "memory");
-    if (done) return;
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%4,%4,%4}, "
-        "{%4,%4}, {%0,%1,%2,%3};\n"
-        : "+f"(d0), "+f"(d1), "+f"(d2), "+f"(d3)
-        : "r"(0u));
-  }
-  mbar_wait(bar, parity);
-}
-
 // ---- putting bytes into a peer's shared memory, counted on the peer's mbarrier ---------
 // 16 bytes from registers (st.async); `remote` and `remote_bar` come from map_to_rank.
 __device__ __forceinline__ void st_async(uint32_t remote, uint4 v, uint32_t remote_bar) {

@@ -9,7 +9,7 @@
 //      mma.m16n8k16 (fp32 accumulate, four independent chains per warp), one partial per
 //      warp; before each k-step a warp waits only for the slice of the CTA that owns those
 //      columns (one mbarrier per source CTA), so early slices are multiplied while later
-//      ones are still arriving; a waiting warp keeps the tensor pipe busy (mbar_wait_busy);
+//      ones are still arriving;
 //   2. sums the 8 partials of each row and applies the epilogue (bias, tanh, gate; or in
 //      backward the gate and tanh gradients), writing its part of the new state to a global
 //      staging slot;
@@ -193,9 +193,10 @@ struct Cta {
     if (int(threadIdx.x) < kRanks)
       mbar_expect(&bar()[((e + 1) & 1) * kRanks + threadIdx.x], kBlockBytes);
   }
-  // Wait until source CTA `src`'s slice of exchange e has arrived.
+  // Wait until source CTA `src`'s slice of exchange e has arrived. (A wait that kept the tensor
+  // pipe busy with dummy mma.sync between test_wait polls was 3-13 % slower a step, dev-s9c.)
   __device__ void wait_source(int e, int src) const {
-    mbar_wait_busy(&bar()[((e + 1) & 1) * kRanks + src], (e >> 1) & 1);
+    mbar_wait(&bar()[((e + 1) & 1) * kRanks + src], (e >> 1) & 1);
   }
 
   // Partial products of this warp's rows and columns with state buffer i, into
