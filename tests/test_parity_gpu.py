@@ -81,6 +81,35 @@ def test_bad_inputs_raise_before_launch():
                           0, True)
 
 
+def test_misaligned_views_raise_and_lose_nothing():
+    """A contiguous view that starts 2 bytes past a 16-byte boundary: the persistent kernels'
+    16-byte input copies would fault (and take the CUDA context with it); the binding refuses
+    it, and the next call still runs."""
+    kw = _inputs(T=3, B=2, D=256)
+    ext = __import__("elman.ops", fromlist=["load"]).load()
+    T, B, D = kw["x"].shape
+    odd = torch.randn(T * B * D + 1, device="cuda", dtype=torch.bfloat16)[1:].view(T, B, D)
+    assert odd.is_contiguous() and odd.data_ptr() % 16 != 0
+    out = torch.empty(T, B, D, device="cuda", dtype=torch.bfloat16)
+    h_all = torch.empty(T + 1, B, D, device="cuda", dtype=torch.bfloat16)
+    args = (kw["w_h"], kw["b"], kw["h0"], out, h_all, dense.GATE_SILU, True)
+    with pytest.raises(RuntimeError, match="wx must start at a 16-byte aligned address"):
+        ext.dense_forward(odd, kw["z"], *args)
+    with pytest.raises(RuntimeError, match="z must start at a 16-byte aligned address"):
+        ext.dense_forward(kw["x"], odd, *args)
+    ext.dense_forward(kw["x"], kw["z"], *args)
+    dv, dz, dh0 = torch.empty_like(out), torch.empty_like(out), torch.empty_like(kw["h0"])
+    with pytest.raises(RuntimeError, match="d_out must start at a 16-byte aligned address"):
+        ext.dense_backward(kw["w_h"], h_all, kw["z"], odd, kw["h0"], dv, dz, dh0, dense.GATE_SILU, True)
+    ext.dense_backward(kw["w_h"], h_all, kw["z"], torch.randn_like(out), kw["h0"], dv, dz, dh0,
+                       dense.GATE_SILU, True)
+    torch.cuda.synchronize()
+    assert not dv.isnan().any() and not dh0.isnan().any()
+    # the same view on the per-step path is fine (its kernels make no 16-byte accesses)
+    ext.dense_forward(odd, kw["z"], kw["w_h"], kw["b"], kw["h0"], out, h_all, dense.GATE_SILU, False)
+    torch.cuda.synchronize()
+
+
 def test_deterministic():
     kw = _inputs(T=9, B=5, D=512)
     a = dense.gated_cell_cuda(**kw, path="persistent")[0]

@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 #include <torch/extension.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,16 @@ void check_epilogue(int64_t epilogue) {
   TORCH_CHECK(epilogue == elman::kTanhSiluGate, "unknown dense epilogue id ", num(epilogue));
 }
 
+// The persistent kernels stage their per-step inputs with 16-byte copies (cp.async): a
+// contiguous view that starts at an odd element (a storage offset not a multiple of 8) would
+// make them fault and take the CUDA context with it.
+void check_aligned(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, name,
+              " must start at a 16-byte aligned address for the persistent kernel (it is a view "
+              "with storage offset ", num(t.storage_offset()), "); pass a copy (.clone()) or use "
+              "path='steps'");
+}
+
 // The staging buffer of the persistent kernel's state exchange, after checking it takes
 // the size.
 at::Tensor persistent_xchg(const at::Tensor& like, int64_t B, int64_t D, bool backward) {
@@ -78,6 +89,10 @@ void dense_forward(const at::Tensor& wx, const at::Tensor& z, const at::Tensor& 
   check(h_all, "h_all", {T + 1, B, D});
   check_epilogue(epilogue);
   const at::Tensor xchg = persistent ? persistent_xchg(wx, B, D, false) : at::Tensor();
+  if (persistent) {
+    check_aligned(wx, "wx");
+    check_aligned(z, "z");
+  }
   long long* trace_ptr = nullptr;
   if (trace.has_value()) {
     TORCH_CHECK(persistent, "a trace is recorded by the persistent kernel only");
@@ -129,6 +144,11 @@ void dense_backward(const at::Tensor& w_h, const at::Tensor& h_all, const at::Te
   check(dh0, "dh0", {B, D});
   check_epilogue(epilogue);
   const at::Tensor xchg = persistent ? persistent_xchg(z, B, D, true) : at::Tensor();
+  if (persistent) {
+    check_aligned(h_all, "h_all");
+    check_aligned(z, "z");
+    check_aligned(d_out, "d_out");
+  }
   const c10::cuda::CUDAGuard guard(z.device());
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   if (persistent) {
