@@ -83,8 +83,9 @@ def test_bad_inputs_raise_before_launch():
 
 def test_misaligned_views_raise_and_lose_nothing():
     """A contiguous view that starts 2 bytes past a 16-byte boundary: the persistent kernels'
-    16-byte input copies would fault (and take the CUDA context with it); the binding refuses
-    it, and the next call still runs."""
+    16-byte input copies would fault (and take the CUDA context with it). The binding refuses
+    it before launch and the next call still runs; the op (forward and backward) passes an
+    aligned copy instead."""
     kw = _inputs(T=3, B=2, D=256)
     ext = __import__("elman.ops", fromlist=["load"]).load()
     T, B, D = kw["x"].shape
@@ -108,6 +109,17 @@ def test_misaligned_views_raise_and_lose_nothing():
     # the same view on the per-step path is fine (its kernels make no 16-byte accesses)
     ext.dense_forward(odd, kw["z"], kw["w_h"], kw["b"], kw["h0"], out, h_all, dense.GATE_SILU, False)
     torch.cuda.synchronize()
+    # the op itself takes such a view on the persistent path (it passes an aligned copy)
+    a = dense.gated_cell_cuda(kw["x"], kw["z"], kw["w_x"], kw["w_h"], kw["b"], kw["h0"],
+                              path="persistent")[0]
+    b = dense.gated_cell_cuda(kw["x"], odd.copy_(kw["z"]), kw["w_x"], kw["w_h"], kw["b"], kw["h0"],
+                              path="persistent")[0]
+    assert torch.equal(a, b)
+    x = kw["x"].clone().requires_grad_()
+    out, _ = dense.gated_cell_cuda(x, kw["z"], kw["w_x"], kw["w_h"], kw["b"], kw["h0"],
+                                   path="persistent")
+    out.backward(odd)  # a misaligned upstream gradient reaches the persistent backward
+    assert dense.last_path["backward"] == "persistent" and not x.grad.isnan().any()
 
 
 def test_deterministic():

@@ -102,6 +102,13 @@ def _replayed(name: str, args: dict[str, torch.Tensor], outs: dict[str, torch.Te
         t.copy_(static[k])
 
 
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """`t`, or a copy of it where its data does not start 16-byte aligned (a contiguous view
+    at an odd storage offset): the persistent kernels copy their inputs 16 bytes at a time,
+    and the binding refuses such a view rather than fault."""
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
 def _forward_op(chosen: str, wx, z, w_h, b, h0, out, h_all) -> None:
     if chosen == "graph":
         _replayed("dense_forward", dict(wx=wx, z=z, w_h=w_h, b=b, h0=h0), dict(out=out, h_all=h_all))
@@ -126,6 +133,8 @@ class GatedCell(torch.autograd.Function):
         T, B, D = x.shape
         chosen = plan(B, D, x.dtype, path)
         x, z, w_x, w_h, b, h0 = (t.contiguous() for t in (x, z, w_x, w_h, b, h0))
+        if chosen == "persistent":
+            z = _aligned(z)
         wx = (x.reshape(T * B, D) @ w_x.t()).view(T, B, D)
         out = ops.empty((T, B, D), x)
         h_all = ops.empty((T + 1, B, D), x)
@@ -140,6 +149,8 @@ class GatedCell(torch.autograd.Function):
         x, z, w_x, w_h, h_all = ctx.saved_tensors
         T, B, D = x.shape
         d_out = (torch.zeros_like(x) if d_out is None else d_out).to(x.dtype).contiguous()
+        if ctx.path == "persistent":
+            d_out = _aligned(d_out)
         d_hT = (torch.zeros_like(h_all[0]) if d_hT is None else d_hT).to(x.dtype).contiguous()
         dv = ops.empty((T, B, D), x)
         dz = ops.empty((T, B, D), x)
