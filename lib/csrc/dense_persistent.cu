@@ -6,7 +6,8 @@
 // columns as mma.sync A fragments. Each cluster owns `bc` (8 or 16) batch columns; clusters
 // never talk to each other. Per step a CTA
 //   1. multiplies its rows by the previous state (all D rows, bf16, in shared memory) with
-//      mma.m16n8k16 (fp32 accumulate, four independent chains per warp), one partial per
+//      mma.m16n8k16 (fp32 accumulate, four independent chains per warp; at 8 batch columns
+//      the state's B fragments come by ldmatrix, two k-steps at a time), one partial per
 //      warp; before each k-step a warp waits only for the slice of the CTA that owns those
 //      columns (one mbarrier per source CTA), so early slices are multiplied while later
 //      ones are still arriving;
@@ -105,6 +106,7 @@ struct Cta {
   static constexpr int kDim = KS * 256;
   static constexpr int kRanks = kDim / kRows;                  // CTAs of the cluster
   static constexpr int kSteps = kDim / kKGroups / 16;          // mma k-steps per warp
+  static_assert(kSteps % 2 == 0, "the multiply loads B fragments two k-steps at a time");
   static constexpr int kBlock = kBc * kSrcRow;                // one source's slice in a buffer
   static constexpr int kStateElems = kRanks * kBlock;         // one state buffer
   static constexpr int kSlice = kBc * kRows;                   // one CTA's slice, elements
@@ -207,29 +209,41 @@ struct Cta {
   template <class First>
   __device__ void multiply(int i, int e, First first) {
     const __nv_bfloat16* src = buffer(i);
-    const int g = lane() >> 2, q = lane() & 3;
     const int k0 = kgroup() * (kDim / kKGroups);
     // Independent accumulator chains: with one n-tile a warp alternates two (even and odd
     // k-steps) so that it has four mma in flight; with two n-tiles it has them already (and
     // the registers of a second chain would spill).
     constexpr int kChains = NT == 1 ? 2 : 1;
     float acc[kChains][kMTiles][NT][4] = {};
+    const int lane_ = lane();
 #pragma unroll
-    for (int s = 0; s < kSteps; ++s) {
+    for (int s = 0; s < kSteps; s += NT == 1 ? 2 : 1) {
       const int col = k0 + s * 16;
       if (e >= 0 && (s == 0 || col % kRows == 0)) {
         wait_source(e, col / kRows);
         jitter(e, 6 + col / kRows);  // between the arrival of a slice and its use
         if (s == 0) first();
       }
+      const __nv_bfloat16* blk = src + (col / kRows) * kBlock + col % kRows;
+      if constexpr (NT == 1) {
+        // Two k-steps (32 columns; never across a slice, k0 being a multiple of 32) by one
+        // ldmatrix: 0.99-1.01 against 1.06-1.07 us a step at B = 16, D = 1024 (dev-s10a).
+        uint32_t b[4];
+        ldmatrix_x4(b, smem_u32(blk + (lane_ & 7) * kSrcRow + 8 * (lane_ >> 3)));
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        const __nv_bfloat16* row = src + (col / kRows) * kBlock + (nt * 8 + g) * kSrcRow +
-                                   col % kRows + 2 * q;
-        const uint32_t b0 = *reinterpret_cast<const uint32_t*>(row);
-        const uint32_t b1 = *reinterpret_cast<const uint32_t*>(row + 8);
+        for (int mt = 0; mt < kMTiles; ++mt) mma(acc[0][mt][0], a[mt][s], b[0], b[1]);
 #pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt) mma(acc[s % kChains][mt][nt], a[mt][s], b0, b1);
+        for (int mt = 0; mt < kMTiles; ++mt) mma(acc[1][mt][0], a[mt][s + 1], b[2], b[3]);
+      } else {
+        // Two n-tiles: 32-bit loads (ldmatrix.x2 per n-tile was slower here, dev-s10a).
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          const __nv_bfloat16* row = blk + (nt * 8 + (lane_ >> 2)) * kSrcRow + 2 * (lane_ & 3);
+          const uint32_t b0 = *reinterpret_cast<const uint32_t*>(row);
+          const uint32_t b1 = *reinterpret_cast<const uint32_t*>(row + 8);
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) mma(acc[0][mt][nt], a[mt][s], b0, b1);
+        }
       }
     }
     store_acc(acc, red() + kgroup() * kBc * kRedStride, kRedStride, mrow0(), 0);

@@ -23,6 +23,18 @@ __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint3
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// The B fragments of two consecutive k-steps of one n-tile from shared memory in one
+// instruction: four 8 x 8 matrices whose rows are the 8 batch columns and whose 8 bf16 are
+// consecutive k. Lane l gives the address of row l % 8 of matrix l / 8 (16-byte aligned); the
+// registers come back as b0, b1 of the first k-step, then of the second (the m16n8k16 B
+// layout). Volatile with a memory clobber: it stays after the mbarrier wait for its data.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&b)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+               : "r"(addr)
+               : "memory");
+}
+
 // This lane's A fragments of kMT row tiles (rows row0 + 16 mt ...) by kKS k-steps (columns
 // k0 + 16 s ...) of the [dim][dim] matrix w, or of its transpose.
 template <int kMT, int kKS>
