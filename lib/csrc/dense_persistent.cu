@@ -14,11 +14,14 @@
 //   2. sums the 8 partials of each row and applies the epilogue (bias, tanh, gate; or in
 //      backward the gate and tanh gradients), writing its part of the new state to a global
 //      staging slot;
-//   3. publishes the slice: one thread issues a bulk copy that multicasts the slot from L2
-//      into the other half of the state double buffer of every CTA of the cluster, counted
-//      in bytes on each receiver's mbarrier of this source (measured: this all-gather costs
-//      about half of st.async stores into every peer, because the slice leaves the SM
-//      once), and only then stores the step's outputs, off the critical path.
+//   3. publishes the slice: one thread (of the last warp) issues a bulk copy that multicasts
+//      the slot from L2 into the other half of the state double buffer of every CTA of the
+//      cluster, counted in bytes on each receiver's mbarrier of this source (measured: this
+//      all-gather costs about half of st.async stores into every peer, because the slice
+//      leaves the SM once), and only then stores the step's outputs, off the critical path.
+// The per-step chores are spread over the warps: lane 0 of warp w arms the mbarrier of
+// source w, and the input copies (at 8 batch columns) and the multicast are issued by the
+// last warps (dev-s10c, dev-s10d: piled on warp 0 they cost up to 9 % of a step).
 // No cluster-wide barrier runs per step. The double buffer is safe: a CTA publishes state
 // s + 2 into the buffer that held state s only after it received state s + 1 from every
 // CTA, and each CTA publishes s + 1 only after it finished reading s. A state buffer is
@@ -107,6 +110,7 @@ struct Cta {
   static constexpr int kRanks = kDim / kRows;                  // CTAs of the cluster
   static constexpr int kSteps = kDim / kKGroups / 16;          // mma k-steps per warp
   static_assert(kSteps % 2 == 0, "the multiply loads B fragments two k-steps at a time");
+  static_assert(kRanks <= kWarps, "one warp arms the mbarrier of each source");
   static constexpr int kBlock = kBc * kSrcRow;                // one source's slice in a buffer
   static constexpr int kStateElems = kRanks * kBlock;         // one state buffer
   static constexpr int kSlice = kBc * kRows;                   // one CTA's slice, elements
@@ -167,11 +171,14 @@ struct Cta {
   }
 
   // Stage step t of the inputs into input buffer i (live batches only), as one cp.async
-  // group; `skip` commits an empty group (keeps the group count uniform).
+  // group; `skip` commits an empty group (keeps the group count uniform). At 8 batch columns
+  // the copies are issued by the last warps, away from warp 0, which also records the trace
+  // (dev-s10d: 0.74 -> 0.70 us a step at B = 4, D = 512; at 16 columns it was slower).
   __device__ void stage_inputs(int i, const Args& p, int t, bool skip) {
     const int batch = p.batch;
     __nv_bfloat16* dst = stage() + (i % kStages) * kIn * kSlice;
-    for (int c = threadIdx.x; !skip && c < kIn * kChunks; c += kThreads) {
+    const int first = NT == 1 ? kThreads - 1 - int(threadIdx.x) : int(threadIdx.x);
+    for (int c = first; !skip && c < kIn * kChunks; c += kThreads) {
       const int tensor = c / kChunks, chunk = c % kChunks;
       const int n = chunk / (kRows / 8), r = (chunk % (kRows / 8)) * 8;
       if (n0 + n >= batch) continue;
@@ -190,10 +197,12 @@ struct Cta {
   }
 
   // The receiver side of exchange number e (into buffer e + 1): one mbarrier per source
-  // CTA, each expecting one slice.
+  // CTA, each expecting one slice; lane 0 of warp w arms the barrier of source w. (Lanes
+  // 0-15 of warp 0 arming all 16 held that warp up: 0.98 -> 0.89 us a step at B = 4,
+  // D = 1024 and 1.01 -> 0.96 at B = 16 when spread, dev-s10c.)
   __device__ void expect(int e) {
-    if (int(threadIdx.x) < kRanks)
-      mbar_expect(&bar()[((e + 1) & 1) * kRanks + threadIdx.x], kBlockBytes);
+    const int w = int(threadIdx.x) >> 5;
+    if (lane() == 0 && w < kRanks) mbar_expect(&bar()[((e + 1) & 1) * kRanks + w], kBlockBytes);
   }
   // Wait until source CTA `src`'s slice of exchange e has arrived. (A wait that kept the tensor
   // pipe busy with dummy mma.sync between test_wait polls was 3-13 % slower a step, dev-s9c.)
@@ -284,16 +293,17 @@ struct Cta {
     return p.xchg + ((size_t(blockIdx.x) * 2 + ((e + 1) & 1)) * kBlock);
   }
   // Exchange e: the slice is in this CTA's slot (written by every thread). Each thread makes
-  // its writes visible to the async proxy; after the block barrier one thread issues a bulk
-  // copy that multicasts the slot from global memory (L2) into the same place of buffer
-  // e + 1 of every CTA of the cluster, counted on each receiver's mbarrier of this source.
-  // (Measured, dev-s4e: faster than one 64-byte multicast per warp with no block barrier.)
+  // its writes visible to the async proxy; after the block barrier lane 0 of the last warp
+  // issues a bulk copy that multicasts the slot from global memory (L2) into the same place
+  // of buffer e + 1 of every CTA of the cluster, counted on each receiver's mbarrier of this
+  // source. (Measured, dev-s4e: faster than one 64-byte multicast per warp with no block
+  // barrier; dev-s10c: issued by the last warp rather than warp 0, 1 % faster.)
   // The barrier also ends every read of this step's partial sums and staged inputs, so the
   // next step may overwrite them.
   __device__ void publish(const Args& p, int e) const {
     fence_async_global();
     __syncthreads();
-    if (threadIdx.x == 0)
+    if (int(threadIdx.x) == kThreads - 32)
       bulk_multicast(buffer(e + 1) + rank * kBlock, slot(p, e), kBlockBytes,
                      &bar()[((e + 1) & 1) * kRanks + rank], uint16_t((1u << kRanks) - 1));
   }
