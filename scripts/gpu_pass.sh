@@ -46,9 +46,12 @@ if [ -z "${ELMAN_RUN_DIR:-}" ]; then
   export ELMAN_RUN_DIR=$ROOT/runs/$(date -u +%Y%m%dT%H%M%SZ)_${ELMAN_COMMIT:-unknown}_$gpu
 fi
 mkdir -p "$ELMAN_RUN_DIR"
-[ -n "${RUN_NOTE:-}" ] && python3 -c "import json,sys; json.dump({'note': sys.argv[1]}, open(sys.argv[2], 'w'), indent=1)" \
-  "$RUN_NOTE" "$ELMAN_RUN_DIR/run.json"
+# run.json: the note and the git blob ids of the sources this pass builds and runs
+python3 -c "import json,sys; from elman import records
+json.dump({'note': sys.argv[1], 'sources': records.source_blobs()}, open(sys.argv[2], 'w'), indent=1)" \
+  "${RUN_NOTE:-}" "$ELMAN_RUN_DIR/run.json"
 log "run dir $ELMAN_RUN_DIR"
+log "git status (tracked files): $(git status --porcelain --untracked-files=no 2>&1 | head -20 | tr '\n' ' ')"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv | tee -a "$LOG"
 
 setup() {

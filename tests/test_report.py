@@ -1,7 +1,11 @@
-"""The targets table of the Kernel engineering chapter judges each cell from the records."""
+"""The Kernel engineering chapter's tables judged from the records, and how a run's description
+states the code it ran (its recorded sources against its commit)."""
 import json
+from pathlib import Path
 
-from elman import report
+import pytest
+
+from elman import records, report
 
 
 def _cell(impl, B, D, us):
@@ -60,3 +64,55 @@ def test_bench_summary_prints_clock_and_primitive_records():
     lines = bench.summary(recs).splitlines()
     assert lines[0].startswith("clock mma") and "32 SMs" in lines[0] and "1.830 GHz" in lines[0]
     assert lines[1].startswith("primitive grid_sync_cg_us")
+
+
+def _git(*args):
+    import subprocess
+    try:
+        r = subprocess.run(["git", "-C", str(records.ROOT), *args], capture_output=True, text=True,
+                           timeout=30)
+    except OSError:
+        return None
+    return r.stdout if r.returncode == 0 else None
+
+
+needs_git = pytest.mark.skipif(_git("rev-parse", "HEAD") is None, reason="needs a git checkout")
+
+
+@needs_git
+def test_source_blobs_are_git_blob_ids():
+    blobs = records.source_blobs()
+    assert "lib/csrc/dense_persistent.cu" in blobs and "scripts/gpu_pass.sh" in blobs
+    for path in ("lib/csrc/dense_persistent.cu", "lib/elman/records.py", "scripts/gpu_pass.sh"):
+        assert blobs[path] == _git("hash-object", path).strip()
+
+
+@needs_git
+def test_run_description_checks_the_recorded_sources_against_the_commit(tmp_path):
+    commit = _git("rev-parse", "--short=10", "HEAD").strip()
+    committed = {}
+    for line in _git("ls-tree", "-r", "HEAD", "--", *records.SOURCE_DIRS).splitlines():
+        meta, path = line.split("\t", 1)
+        if Path(path).suffix in records.SOURCE_SUFFIXES:
+            committed[path] = meta.split()[2]
+    run = tmp_path / "20990101T000000Z_x_gpu"
+    run.mkdir()
+    rec = {"kind": "bench", "impl": "cuda:persistent", "variant": "E1", "params": {},
+           "metrics": {}, "env": {"commit": commit, "dirty": True, "gpu": "H100"}}
+    (run / "records.jsonl").write_text(json.dumps(rec) + "\n")
+
+    def describe(sources):
+        (run / "run.json").write_text(json.dumps({"note": "n", "sources": sources}))
+        return report.describe(run)
+
+    assert records.source_changes(committed, commit) == []
+    assert f"commit {commit} (sources as committed)." in describe(committed)
+    edited = dict(committed, **{"lib/csrc/dense_persistent.cu": "0" * 40})
+    del edited["lib/elman/records.py"]
+    edited["lib/csrc/extra.cu"] = "1" * 40
+    assert records.source_changes(edited, commit) == [
+        "lib/csrc/dense_persistent.cu", "lib/csrc/extra.cu", "lib/elman/records.py"]
+    assert "(3 source files differ from it: lib/csrc/dense_persistent.cu" in describe(edited)
+    (run / "run.json").write_text(json.dumps({"note": "n"}))  # an older run: the dirty flag
+    assert f"commit {commit} (dirty)." in report.describe(run)
+    assert records.source_changes(committed, "0" * 40) is None  # a commit git does not know

@@ -2,7 +2,9 @@
 
 A record is one JSON object: `kind` (parity | bench | train), `variant`, `impl`,
 `params`, `metrics`, `env` (gpu, driver, torch, CUDA, commit, dirty flag) and `time`.
-Every number in the book is read from records. Writes are atomic: the file is rewritten
+Every number in the book is read from records. A GPU pass also writes the run's `run.json`:
+its note and `sources`, the git blob ids of the files that decide its results
+(`source_blobs`), which `source_changes` checks against the recorded commit. Writes are atomic: the file is rewritten
 to a temporary name under an exclusive lock and renamed over the old one, so concurrent
 writers (several training jobs) never lose or tear a record.
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import fcntl
+import hashlib
 import json
 import os
 import platform
@@ -24,6 +27,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = ROOT / "runs"
 KINDS = ("parity", "bench", "train")
+# What decides a run's results: the kernels, the package and the GPU scripts.
+SOURCE_DIRS = ("lib/csrc", "lib/elman", "scripts")
+SOURCE_SUFFIXES = (".cu", ".cuh", ".cpp", ".h", ".py", ".sh")
 
 
 def _git(*args: str) -> str:
@@ -40,8 +46,10 @@ def env() -> dict[str, Any]:
     info: dict[str, Any] = {
         "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
         "commit": os.environ.get("ELMAN_COMMIT") or _git("rev-parse", "--short=10", "HEAD") or "unknown",
+        # dirty: tracked files whose content differs (not their mode bits, which a copied tree
+        # may lose)
         "dirty": (os.environ.get("ELMAN_DIRTY") == "1") if "ELMAN_DIRTY" in os.environ
-        else bool(_git("status", "--porcelain", "--untracked-files=no")),
+        else bool(_git("-c", "core.fileMode=false", "status", "--porcelain", "--untracked-files=no")),
         "gpu": None, "driver": None,
     }
     if torch.cuda.is_available():
@@ -56,6 +64,33 @@ def env() -> dict[str, Any]:
         except (OSError, subprocess.SubprocessError, IndexError):
             pass
     return info
+
+
+def source_blobs(root: Path = ROOT) -> dict[str, str]:
+    """Path -> git blob id (what `git hash-object` prints) of every source file under
+    SOURCE_DIRS, computed without git: what a run built and ran, comparable with any commit."""
+    blobs = {}
+    for folder in SOURCE_DIRS:
+        for f in sorted((root / folder).rglob("*")):
+            if f.is_file() and f.suffix in SOURCE_SUFFIXES and "__pycache__" not in f.parts:
+                data = f.read_bytes()
+                blobs[f.relative_to(root).as_posix()] = hashlib.sha1(
+                    b"blob %d\0" % len(data) + data).hexdigest()
+    return blobs
+
+
+def source_changes(sources: dict[str, str], commit: str, root: Path = ROOT) -> list[str] | None:
+    """The paths of `sources` (from source_blobs) that differ from `commit`'s, added or
+    missing ones included; None where git or the commit is not available."""
+    listing = _git("-C", str(root), "ls-tree", "-r", commit, "--", *SOURCE_DIRS)
+    if not listing:
+        return None
+    committed = {}
+    for line in listing.splitlines():
+        meta, path = line.split("\t", 1)
+        if Path(path).suffix in SOURCE_SUFFIXES:
+            committed[path] = meta.split()[2]
+    return sorted(p for p in committed.keys() | sources.keys() if committed.get(p) != sources.get(p))
 
 
 def _slug(text: str) -> str:

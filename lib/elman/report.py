@@ -56,13 +56,26 @@ def run_note(run: Path) -> str:
     return json.loads(f.read_text()).get("note", "") if f.exists() else ""
 
 
+def provenance(run: Path, env: dict) -> str:
+    """How the run's code relates to its commit: from the source blobs its run.json records
+    (checked against the commit with git where it is available), else the dirty flag."""
+    f = Path(run) / "run.json"
+    sources = json.loads(f.read_text()).get("sources") if f.exists() else None
+    changed = records.source_changes(sources, str(env.get("commit"))) if sources else None
+    if changed is None:
+        return " (dirty)" if env.get("dirty") else ""
+    if not changed:
+        return " (sources as committed)"
+    return f" ({len(changed)} source files differ from it: {', '.join(changed[:4])})"
+
+
 def describe(run: Path | None) -> str:
     if run is None:
         return "No GPU run with these records exists yet."
     recs = records.read([run])
     e = recs[0]["env"] if recs else {}
     return (f"Run `{run.name}`: {e.get('gpu')}, driver {e.get('driver')}, torch {e.get('torch')}, "
-            f"CUDA {e.get('cuda')}, commit {e.get('commit')}{' (dirty)' if e.get('dirty') else ''}. "
+            f"CUDA {e.get('cuda')}, commit {e.get('commit')}{provenance(run, e)}. "
             f"{run_note(run)}")
 
 
