@@ -13,7 +13,8 @@
 # (`elman warm`); baselines = scripts/verify_gdn.py, the parity of the baselines and their
 # layer benchmarks beside E1 (`elman bench --levels E1 <baselines> --no-cell`).
 # Environment: OUT (where the archive goes; default ./out), ELMAN_COMMIT / ELMAN_DIRTY
-# (the commit the tree is at, when the host has no .git), ELMAN_RUN_DIR (default: a new
+# (the commit the tree is at, when the host has no .git or an outdated one; run.json records
+# the sources' blob ids either way), ELMAN_RUN_DIR (default: a new
 # runs/<UTC>_<commit>_<gpu>/), RUN_NOTE (what the run is for, into run.json), QUICK=1 (small
 # benchmarks), TRAIN_JOBS (job file for train), TEST_FILES (GPU test paths; default tests),
 # BENCH_ARGS (extra `elman bench` flags), WARM_ARGS (extra `elman warm` flags, e.g. -j 8),

@@ -116,3 +116,18 @@ def test_run_description_checks_the_recorded_sources_against_the_commit(tmp_path
     (run / "run.json").write_text(json.dumps({"note": "n"}))  # an older run: the dirty flag
     assert f"commit {commit} (dirty)." in report.describe(run)
     assert records.source_changes(committed, "0" * 40) is None  # a commit git does not know
+
+
+def test_a_named_commit_leaves_the_dirty_flag_unknown(monkeypatch):
+    """On the GPU host the tree's .git is an older commit's: git status there says nothing
+    about the commit a pass names, so the flag is not taken from it."""
+    monkeypatch.delenv("ELMAN_DIRTY", raising=False)
+    monkeypatch.setenv("ELMAN_COMMIT", "abc1234")
+    records.env.cache_clear()
+    try:
+        assert records.env()["commit"] == "abc1234" and records.env()["dirty"] is None
+        monkeypatch.setenv("ELMAN_DIRTY", "1")
+        records.env.cache_clear()
+        assert records.env()["dirty"] is True
+    finally:
+        records.env.cache_clear()

@@ -40,16 +40,25 @@ def _git(*args: str) -> str:
         return ""
 
 
+def _dirty() -> bool | None:
+    """Whether tracked files differ in content from the commit: ELMAN_DIRTY if set; None
+    (unknown) where ELMAN_COMMIT names the commit, because there the tree's own .git may be
+    another commit's (the GPU host's copy is: run 20261124T132905Z's gpu_pass.log; the
+    run's recorded sources say what ran); else git's answer, mode bits aside."""
+    if "ELMAN_DIRTY" in os.environ:
+        return os.environ["ELMAN_DIRTY"] == "1"
+    if os.environ.get("ELMAN_COMMIT"):
+        return None
+    return bool(_git("-c", "core.fileMode=false", "status", "--porcelain", "--untracked-files=no"))
+
+
 @lru_cache(maxsize=1)
 def env() -> dict[str, Any]:
     """Where and with what a record was made."""
     info: dict[str, Any] = {
         "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
         "commit": os.environ.get("ELMAN_COMMIT") or _git("rev-parse", "--short=10", "HEAD") or "unknown",
-        # dirty: tracked files whose content differs (not their mode bits, which a copied tree
-        # may lose)
-        "dirty": (os.environ.get("ELMAN_DIRTY") == "1") if "ELMAN_DIRTY" in os.environ
-        else bool(_git("-c", "core.fileMode=false", "status", "--porcelain", "--untracked-files=no")),
+        "dirty": _dirty(),
         "gpu": None, "driver": None,
     }
     if torch.cuda.is_available():
