@@ -48,7 +48,7 @@ if [ -z "${ELMAN_RUN_DIR:-}" ]; then
 fi
 mkdir -p "$ELMAN_RUN_DIR"
 # run.json: the note and the git blob ids of the sources this pass builds and runs
-python3 -c "import json,sys; from elman import records
+python3 -c "import json,sys; from elman.core import records
 json.dump({'note': sys.argv[1], 'sources': records.source_blobs()}, open(sys.argv[2], 'w'), indent=1)" \
   "${RUN_NOTE:-}" "$ELMAN_RUN_DIR/run.json"
 log "run dir $ELMAN_RUN_DIR"
@@ -63,7 +63,7 @@ setup() {
   python3 -m ipykernel install --user --name python3 > /dev/null 2>&1 || true
   python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
 }
-build() { python3 -c "from elman import ops; ops.load(verbose=False)"; }
+build() { python3 -c "from elman.core import extension; extension.load(verbose=False)"; }
 # Parity of every registered level is the parity stage's job (it records) and the GDN check
 # the gdn stage's; the GPU tests check everything else.
 gpu_tests() {

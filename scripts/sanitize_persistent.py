@@ -11,7 +11,7 @@ import sys
 
 import torch
 
-from elman import dense
+from elman.families.dense import op as dense
 
 SHAPES = ((5, 3, 512), (4, 20, 1024), (3, 9, 256), (3, 17, 768), (3, 5, 2048), (3, 13, 2048),
           (4, 20, 2048), (3, 64, 2048))

@@ -26,8 +26,9 @@ import sys
 
 import torch
 
-from elman import records
-from elman.baselines import gdn, report
+from elman.core import records
+from elman.baselines import gdn
+from elman.results import baselines as report
 
 
 def main(argv: list[str] | None = None) -> int:

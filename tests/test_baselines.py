@@ -16,8 +16,10 @@ import torch
 import torch.nn.functional as F
 
 from elman import registry
-from elman.baselines import gdn, llama, mamba2, report
-from elman.lm import LadderLM, n_params
+from elman.core.entry import Shape
+from elman.baselines import gdn, llama, mamba2
+from elman.results import baselines as report
+from elman.training.lm import LadderLM, n_params
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = ("mamba2", "fla-gdn", "gru", "lstm", "llama")
@@ -372,7 +374,7 @@ def test_mamba2_reference_layer_equals_mamba_module_with_torch_pieces(monkeypatc
 
 
 def test_mamba_shim_answers_the_compiled_mamba1_import():
-    from elman import mamba
+    from elman.core import mamba
 
     lib = mamba.load()
     assert lib.__version__ == "2.3.2.post1" and lib.Mamba2 is not None
@@ -388,7 +390,7 @@ def test_rnn_reference_equals_torchs_rnn(cell):
     """The written-out cells (cuDNN's equations) against torch.nn.GRU / LSTM run through the
     same explicit-weight call the CUDA path uses (here on PyTorch's CPU kernels)."""
     torch.manual_seed(0)
-    parity = entry(cell).parity(6, 3, 16, F64, "cpu", torch.Generator().manual_seed(0))[0]
+    parity = entry(cell).parity(Shape(6, 3, 16), F64, "cpu", torch.Generator().manual_seed(0))[0]
     ours = parity.reference(**parity.inputs)
     theirs = parity.fast(**parity.inputs)
     for a, b in zip(ours, theirs):
@@ -441,7 +443,7 @@ def test_rope_rotates_pairs_by_relative_position():
 
 def test_llama_sdpa_equals_the_written_out_attention():
     torch.manual_seed(0)
-    case = entry("llama").parity(33, 2, 128, F64, "cpu", torch.Generator().manual_seed(0))[0]
+    case = entry("llama").parity(Shape(33, 2, 128), F64, "cpu", torch.Generator().manual_seed(0))[0]
     a, = case.fast(**case.inputs)
     b, = case.reference(**case.inputs)
     torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
@@ -479,7 +481,8 @@ def test_bench_times_every_baseline_beside_e1_at_the_same_shapes(monkeypatch, tm
     """`elman bench --levels E1 mamba2 fla-gdn gru lstm llama --no-cell` with the GPU work
     replaced: every level is timed at the same (B, T, D) as E1, gru and lstm in fp16 and in
     bf16 separately, the others in bf16, each (level, dtype) after its parity gate."""
-    from elman import bench, cli
+    from elman.harness import bench
+    from elman import cli
 
     timed, gated = [], []
 
@@ -517,7 +520,7 @@ def test_library_layers_say_which_path_runs():
     with gdn.dqkwg("torch"):
         assert layer.impl == gdn.impl() == "fla-0.6.0:chunk+dqkwg-torch"
     assert entry("mamba2").layer(128).impl == mamba2.IMPL == \
-        entry("mamba2").parity(4, 1, 64, F64, "cpu", torch.Generator())[0].impl
+        entry("mamba2").parity(Shape(4, 1, 64), F64, "cpu", torch.Generator())[0].impl
 
 
 # ---- the verification and the chapter's tables, on the CPU ----------------------------------
@@ -597,7 +600,7 @@ def test_verify_gdn_script_records_the_checked_mode(tmp_path, monkeypatch):
     import importlib.util
     import json
 
-    from elman import records
+    from elman.core import records
 
     spec = importlib.util.spec_from_file_location("verify_gdn", ROOT / "scripts" / "verify_gdn.py")
     script = importlib.util.module_from_spec(spec)
@@ -644,7 +647,7 @@ def _fake_run(folder: Path) -> None:
     and in bf16) at the same shapes."""
     import json
 
-    from elman import records
+    from elman.core import records
 
     env = {"gpu": GPU, "commit": "abc", "dirty": False}
     rows = [_verify_row(m, dt, D) for m in ("auto", "triton-unguarded") for dt in ("float32", "bfloat16")
@@ -660,7 +663,7 @@ def _fake_run(folder: Path) -> None:
         recs += [{"kind": "parity", "variant": e.name, "impl": impl, "env": env,
                   "params": {"T": T, "B": B, "D": D, "dtype": dt, "seed": 0},
                   "metrics": {"errors": {}, "max_fwd": 1e-3, "max_bwd": 1e-3, "tol_fwd": 1e-2, "tol_bwd": 1e-2,
-                              "passed": True}} for dt in e.dtypes for T, B, D in e.test_shapes]
+                              "passed": True}} for dt in e.dtypes for T, B, D in ((s.T, s.B, s.D) for s in e.test_shapes)]
     for level, tps in TOKENS.items():
         for dt in (("float16", "bfloat16") if level in ("gru", "lstm") else ("bfloat16",)):
             impl = "cuda:persistent" if level == "E1" else \
@@ -671,7 +674,7 @@ def _fake_run(folder: Path) -> None:
 
 
 def test_beside_e1_and_what_ran_for_fla_gdn_from_records(tmp_path):
-    from elman import records
+    from elman.core import records
 
     _fake_run(tmp_path / "run")
     recs = records.read([tmp_path / "run"])

@@ -7,8 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from elman import parity, registry
-from elman.baselines import gdn, report, rnn
+from elman.core.entry import Shape
+from elman.harness import parity
+from elman import registry
+from elman.baselines import gdn, rnn
+from elman.results import baselines as report
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -33,7 +36,7 @@ def test_gdn_verification_passes_on_our_shapes():
 
 
 def test_gdn_torch_dqkwg_is_used_where_fla_refuses_and_fla_refuses_there():
-    case, = gdn.parity(130, 2, 256, torch.bfloat16, "cuda", torch.Generator(device="cuda").manual_seed(0))
+    case, = gdn.parity(Shape(130, 2, 256), torch.bfloat16, "cuda", torch.Generator(device="cuda").manual_seed(0))
     inputs = {k: v.detach().to(torch.bfloat16).requires_grad_() for k, v in case.inputs.items()}
     if gdn.fla_refuses():
         with gdn.dqkwg("triton"), pytest.raises(RuntimeError, match="incorrect results"):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from elman import data
+from elman.training import data
 from elman.cli import main as cli
 
 SLICE = data.TEST_SLICE

@@ -9,8 +9,8 @@ import sys
 import pytest
 import torch
 
-from elman import train
-from elman.data import TEST_SLICE
+from elman.training import train
+from elman.training.data import TEST_SLICE
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
@@ -40,6 +40,6 @@ def test_two_gpus_train_one_model(tmp_path):
     assert len(losses) == 6 and losses[-1] < losses[0]
     assert train.load_checkpoint(ckpt)["step"] == 60
     # each rank drew its own windows: rank 1's stream differs from rank 0's
-    from elman.data import ByteData
+    from elman.training.data import ByteData
     d = ByteData(TEST_SLICE)
     assert not (d.train_positions(0, 16, 256, 42, 0) == d.train_positions(0, 16, 256, 42, 1)).all()

@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from elman import dims, registry
+from elman.training import dims
+from elman import registry
 from elman.cli import main as cli
 
 

@@ -16,7 +16,8 @@ and those copies always land in time. Run by scripts/gpu_pass.sh; skipped withou
 import pytest
 import torch
 
-from elman import dense, ops
+from elman.families.dense import op as dense
+from elman.core import extension as ops
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

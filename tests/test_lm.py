@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from elman import registry
-from elman.lm import EPS, AddNorm, LadderLM, add_rms_norm_torch, compare_norms, n_params
+from elman.training.lm import EPS, AddNorm, LadderLM, add_rms_norm_torch, compare_norms, n_params
 
 gpu = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

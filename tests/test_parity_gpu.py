@@ -3,7 +3,9 @@ and every gradient, fp32 and bf16 (run by scripts/gpu_pass.sh; skipped without C
 import pytest
 import torch
 
-from elman import dense, parity, registry
+from elman.families.dense import op as dense
+from elman.harness import parity
+from elman import registry
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -63,7 +65,7 @@ def test_bad_inputs_raise_before_launch():
         dense.gated_cell_cuda(**{**kw, "b": kw["b"].float()})
     with pytest.raises(ValueError, match="shape"):
         dense.gated_cell_cuda(**{**kw, "z": kw["z"][:, :1]})
-    ext = __import__("elman.ops", fromlist=["load"]).load()
+    ext = __import__("elman.core.extension", fromlist=["load"]).load()
     T, B, D = kw["x"].shape
     wx = torch.randn(D, B, T, device="cuda", dtype=torch.bfloat16).permute(2, 1, 0)  # not contiguous
     out = torch.empty(T, B, D, device="cuda", dtype=torch.bfloat16)
@@ -87,7 +89,7 @@ def test_misaligned_views_raise_and_lose_nothing():
     it before launch and the next call still runs; the op (forward and backward) passes an
     aligned copy instead."""
     kw = _inputs(T=3, B=2, D=256)
-    ext = __import__("elman.ops", fromlist=["load"]).load()
+    ext = __import__("elman.core.extension", fromlist=["load"]).load()
     T, B, D = kw["x"].shape
     odd = torch.randn(T * B * D + 1, device="cuda", dtype=torch.bfloat16)[1:].view(T, B, D)
     assert odd.is_contiguous() and odd.data_ptr() % 16 != 0

@@ -4,8 +4,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from elman import dense, registry
-from elman.spectral import RecurrentWeight
+from elman.families.dense import inputs, op as dense
+from elman import registry
+from elman.core.spectral import RecurrentWeight
 from elman.variants import e0, e1
 
 
@@ -13,7 +14,7 @@ def _inputs(level, T=5, B=3, D=6, seed=0):
     g = torch.Generator().manual_seed(seed)
     names = ("x", "z", "w_x", "w_h", "b", "h0") if level == "E1" else \
         ("x", "w_x", "w_h", "w_g", "b", "b_g", "h0")
-    return dense.random_inputs(T, B, D, names, "cpu", g)
+    return inputs.random_inputs(T, B, D, names, "cpu", g)
 
 
 @pytest.mark.parametrize("level", ["E0", "E1"])

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from elman import records, report
+from elman.core import records
+from elman.results import report
 
 
 def _cell(impl, B, D, us):
@@ -57,7 +58,7 @@ def test_clock_table_has_a_row_per_work_and_a_column_per_sm_count():
 
 
 def test_bench_summary_prints_clock_and_primitive_records():
-    from elman import bench
+    from elman.harness import bench
     recs = [{"impl": "sm_clock_mma", "params": {"measure": "clock", "work": "mma", "sms": 32},
              "metrics": {"ghz": 1.83, "min_ghz": 1.82, "max_ghz": 1.84, "ms": 0.9}},
             {"impl": "grid_sync_cg_us", "params": {"measure": "primitive"}, "metrics": {"us": 1.1}}]
@@ -83,7 +84,7 @@ needs_git = pytest.mark.skipif(_git("rev-parse", "HEAD") is None, reason="needs 
 def test_source_blobs_are_git_blob_ids():
     blobs = records.source_blobs()
     assert "lib/csrc/dense_persistent.cu" in blobs and "scripts/gpu_pass.sh" in blobs
-    for path in ("lib/csrc/dense_persistent.cu", "lib/elman/records.py", "scripts/gpu_pass.sh"):
+    for path in ("lib/csrc/dense_persistent.cu", "lib/elman/core/records.py", "scripts/gpu_pass.sh"):
         assert blobs[path] == _git("hash-object", path).strip()
 
 
@@ -108,10 +109,10 @@ def test_run_description_checks_the_recorded_sources_against_the_commit(tmp_path
     assert records.source_changes(committed, commit) == []
     assert f"commit {commit} (sources as committed)." in describe(committed)
     edited = dict(committed, **{"lib/csrc/dense_persistent.cu": "0" * 40})
-    del edited["lib/elman/records.py"]
+    del edited["lib/elman/core/records.py"]
     edited["lib/csrc/extra.cu"] = "1" * 40
     assert records.source_changes(edited, commit) == [
-        "lib/csrc/dense_persistent.cu", "lib/csrc/extra.cu", "lib/elman/records.py"]
+        "lib/csrc/dense_persistent.cu", "lib/csrc/extra.cu", "lib/elman/core/records.py"]
     assert "(3 source files differ from it: lib/csrc/dense_persistent.cu" in describe(edited)
     (run / "run.json").write_text(json.dumps({"note": "n"}))  # an older run: the dirty flag
     assert f"commit {commit} (dirty)." in report.describe(run)

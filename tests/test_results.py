@@ -5,7 +5,8 @@ import csv
 import io
 import json
 
-from elman import records, results
+from elman.core import records
+from elman.results import training as results
 from elman.cli import main as cli
 
 

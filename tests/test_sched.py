@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 
-from elman import sched
+from elman.training import sched
 from elman.cli import main as cli
 
 GPUS = {  # index, uuid, memory.used MiB

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from elman import train
+from elman.training import train
 from elman.cli import main as cli
-from elman.data import TEST_SLICE
-from elman.lm import LadderLM
+from elman.training.data import TEST_SLICE
+from elman.training.lm import LadderLM
 
 TINY = ["--level", "E1", "--dim", "32", "--depth", "2", "--batch", "8", "--seq", "32",
         "--lr", "3e-3", "--warmup", "10", "--val-windows", "16", "--data", str(TEST_SLICE)]

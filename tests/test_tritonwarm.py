@@ -18,7 +18,9 @@ from triton.runtime.autotuner import Autotuner
 
 import torch
 
-from elman import bench, registry, tritonwarm
+from elman.harness import bench
+from elman import registry
+from elman.harness import warm as tritonwarm
 from elman.baselines import gdn
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,7 +97,7 @@ _INTERPRETED = textwrap.dedent("""
     os.environ["TRITON_INTERPRET"] = "1"
     import torch, triton, triton.language as tl
     from triton.runtime.errors import OutOfResources
-    from elman import tritonwarm
+    from elman.harness import warm as tritonwarm
 
     configs = [triton.Config({"IDX": k}) for k in range(5)]
 
@@ -155,7 +157,7 @@ def test_jobs_cover_both_libraries_and_every_call_of_the_later_stages():
     calls = _calls(jobs)
     for level in ("mamba2", "fla-gdn"):
         e = registry.get(level)
-        assert {("parity", level, dt, T, B, D, 2.0) for dt in e.dtypes for T, B, D in e.test_shapes} <= calls
+        assert {("parity", level, dt, T, B, D, 2.0) for dt in e.dtypes for T, B, D in ((s.T, s.B, s.D) for s in e.test_shapes)} <= calls
         assert {("layer", level, "bfloat16", bench.T_DEFAULT, B, D, 1.0)
                 for B in bench.SHAPES_B for D in bench.SHAPES_D} <= calls
         assert ("layer", level, "float32", *tritonwarm.CHAPTER_LAYER) in calls

@@ -7,14 +7,14 @@ import importlib
 import sys
 
 COMMANDS = {
-    "parity": ("elman.parity", "CUDA kernels against their fp64 references, every gradient"),
-    "bench": ("elman.bench", "kernel and layer benchmarks with baselines from the same run"),
-    "warm": ("elman.tritonwarm", "compile the baselines' Triton kernels in parallel before timing"),
-    "data": ("elman.data", "build the default byte corpus or its test slice"),
-    "train": ("elman.train", "train a byte-level LadderLM (the 10-minute protocol)"),
-    "results": ("elman.results", "last-100 tables over training runs"),
-    "dims": ("elman.dims", "parameter counts and 128-aligned widths for a target"),
-    "sched": ("elman.sched", "run a job file, one job per GPU"),
+    "parity": ("elman.harness.parity", "CUDA kernels against their fp64 references, every gradient"),
+    "bench": ("elman.harness.bench", "kernel and layer benchmarks with baselines from the same run"),
+    "warm": ("elman.harness.warm", "compile the baselines' Triton kernels in parallel before timing"),
+    "data": ("elman.training.data", "build the default byte corpus or its test slice"),
+    "train": ("elman.training.train", "train a byte-level LadderLM (the 10-minute protocol)"),
+    "results": ("elman.results.training", "last-100 tables over training runs"),
+    "dims": ("elman.training.dims", "parameter counts and 128-aligned widths for a target"),
+    "sched": ("elman.training.sched", "run a job file, one job per GPU"),
 }
 
 

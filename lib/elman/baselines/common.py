@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from ..registry import Tolerance
-from ..variants.common import autocast_dtype, check_backend
+from ..core.entry import Tolerance
+from ..core.layer import autocast_dtype, check_backend
 
 __all__ = ["autocast_dtype", "check_backend", "require_cuda", "no_state", "DTYPES", "TRITON_TOLERANCE"]
 

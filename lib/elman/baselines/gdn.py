@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..registry import Entry, ParityCase, register
+from ..core.entry import Entry, ParityCase, Shape, shapes
 from .common import TRITON_TOLERANCE, autocast_dtype, check_backend, no_state, require_cuda
 
 FLA_VERSION = "0.6.0"
@@ -328,10 +328,11 @@ def layer_params(dim: int, expansion: float = 2.0) -> int:
     return 2 * dim * K + dim * Vd + 2 * dim * nh + 2 * nh + 4 * (2 * K + Vd) + dim * Vd + Vd // nh + Vd * dim
 
 
-def parity(T, B, D, dtype, device, generator, expansion: float = 2.0,
+def parity(shape: Shape, dtype, device, generator, expansion: float = 2.0,
            n_heads: int | None = None) -> list[ParityCase]:
     """FLA's chunk path as the layer calls it against FLA's naive recurrence, every gradient
     (q, k, v, the gate and beta logits, A_log, dt_bias, the initial state)."""
+    T, B, D = shape.T, shape.B, shape.D
     fla()
     nh = heads(D, n_heads)
     K = D // nh
@@ -365,20 +366,20 @@ def verify(shapes=VERIFY_SHAPES, dtypes=VERIFY_DTYPES, modes=("auto",), seed: in
     every gradient) for each chunk_bwd_dqkwg mode, dtype and (T, B, D, expansion): one row each. A
     mode FLA refuses gets a row with `refused`; a "torch" row passes only if the PyTorch
     chunk_bwd_dqkwg really ran."""
-    from .. import parity as harness
+    from ..harness import parity as harness
 
     generator = torch.Generator(device=device).manual_seed(seed)
     rows = []
     for mode in modes:
         with dqkwg(mode):
             for dt in dtypes:
-                tol = ENTRY.tolerance[dt]
+                tol = ENTRIES[0].tolerance[dt]
                 for T, B, D, e in shapes:
                     row = {"mode": mode, "path": dqkwg_path(), "impl": impl(), "dtype": dt,
                            "T": T, "B": B, "D": D, "expansion": e, "heads": heads(D), "seed": seed}
                     before = calls["torch"]
                     try:
-                        case, = parity(T, B, D, harness.DTYPES[dt], device, generator, expansion=e)
+                        case, = parity(Shape(T, B, D), harness.DTYPES[dt], device, generator, expansion=e)
                         errors = harness.run_case(case, harness.DTYPES[dt], generator)
                     except RuntimeError as exc:
                         text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -397,16 +398,16 @@ def verify(shapes=VERIFY_SHAPES, dtypes=VERIFY_DTYPES, modes=("auto",), seed: in
     return rows
 
 
-ENTRY = register(Entry(
+ENTRIES = (Entry(
     name="fla-gdn", kind="baseline", aliases=("gdn", "gated-deltanet"), layer=GatedDeltaNet,
     title="Gated DeltaNet (flash-linear-attention 0.6.0, chunked Triton kernels)",
     chapter="book/chapters/baselines.ipynb",
     layer_params=layer_params, parity=parity,
     # head width 128 as nh = dim // 128 always gives (scripts/verify_gdn.py checks T = 512 at
     # D = 512, 1024, 2048): B = T = 1; T = 100 (a chunk of 64 and 36 steps); T = 512 with B = 1
-    test_shapes=((1, 1, 512), (100, 3, 512), (512, 1, 512)),
+    test_shapes=shapes((1, 1, 512), (100, 3, 512), (512, 1, 512)),
     tolerance=TRITON_TOLERANCE,
     notes="expansion = FLA's expand_v (layer default 2); nh = n_heads or max(1, dim//128) "
           "lowered to a divisor of dim; chunk_bwd_dqkwg in PyTorch where FLA refuses its "
           "Triton kernel (Hopper, Triton < 3.7.1); see the module docstring",
-))
+),)

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..registry import Entry, ParityCase, Tolerance, register
+from ..core.entry import Entry, ParityCase, Shape, Tolerance, shapes
 from .common import autocast_dtype, check_backend, no_state
 
 HEAD_DIM = 64
@@ -109,9 +109,10 @@ def layer_params(dim: int, expansion: float = 1.0) -> int:
     return 4 * dim * H * HEAD_DIM + 3 * dim * ffn + dim
 
 
-def parity(T, B, D, dtype, device, generator) -> list[ParityCase]:
+def parity(shape: Shape, dtype, device, generator) -> list[ParityCase]:
     """SDPA against the written-out causal softmax on RoPE'd q, k; D is the model width
     (heads = D // 64)."""
+    T, B, D = shape.T, shape.B, shape.D
     H = max(1, D // HEAD_DIM)
     kw = dict(device=device, dtype=torch.float64, generator=generator)
     inputs = {n: torch.randn(B, H, T, HEAD_DIM, **kw).requires_grad_() for n in ("q", "k", "v")}
@@ -125,14 +126,14 @@ def parity(T, B, D, dtype, device, generator) -> list[ParityCase]:
     return [ParityCase(inputs, fast, reference, ("out",), "torch:sdpa")]
 
 
-ENTRY = register(Entry(
+ENTRIES = (Entry(
     name="llama", kind="baseline", aliases=("transformer",), layer=Llama,
     title="Llama block (RoPE, causal SDPA, SwiGLU, RMSNorm)",
     chapter="book/chapters/baselines.ipynb",
     layer_params=layer_params, parity=parity,
     # B = T = 1; T = 100 (no multiple of the attention kernels' tiles); T = 512 at D = 512
-    test_shapes=((1, 1, 64), (100, 2, 256), (512, 4, 512)),
+    test_shapes=shapes((1, 1, 64), (100, 2, 256), (512, 4, 512)),
     tolerance={"float32": Tolerance(1e-5, 1e-5), "bfloat16": Tolerance(1e-2, 2e-2)},
     notes="expansion scales the attention width (heads = int(d e) // 64) and the FFN "
           "(F = 256 ceil(int(8 d e / 3) / 256)); returns branch outputs only",
-))
+),)

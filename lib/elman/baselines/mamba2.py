@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..mamba import load as load_mamba
-from ..registry import Entry, ParityCase, register
+from ..core.mamba import load as load_mamba
+from ..core.entry import Entry, ParityCase, Shape, shapes
 from .common import TRITON_TOLERANCE, autocast_dtype, check_backend, no_state, require_cuda
 
 CHUNK = 256
@@ -133,10 +133,11 @@ def layer_params(dim: int, expansion: float = 2.0) -> int:
     return dim * (2 * Di + 2 * N + nh) + 5 * (Di + 2 * N) + 3 * nh + Di + Di * dim
 
 
-def parity(T, B, D, dtype, device, generator, expansion: float = 2.0,
+def parity(shape: Shape, dtype, device, generator, expansion: float = 2.0,
            d_state: int = 64, headdim: int = 64) -> list[ParityCase]:
     """The Triton chunked scan against the sequential recurrence, every gradient (x, dt, A,
     B, C, D, dt_bias, the initial state) and the final state."""
+    T, B, D = shape.T, shape.B, shape.D
     H = inner(D, expansion, headdim) // headdim
     kw = dict(device=device, dtype=torch.float64, generator=generator)
     delta = torch.exp(torch.rand(H, **kw) * 4.6 - 6.9)                # dt in [1e-3, 1e-1]
@@ -154,15 +155,15 @@ def parity(T, B, D, dtype, device, generator, expansion: float = 2.0,
     return [ParityCase(inputs, chunked, ssd_reference, ("out", "h_T"), IMPL)]
 
 
-ENTRY = register(Entry(
+ENTRIES = (Entry(
     name="mamba2", kind="baseline", aliases=("mamba",), layer=Mamba2Layer,
     title="Mamba2 (mamba-ssm 2.3.2.post1, Triton SSD chunked scan)",
     chapter="book/chapters/baselines.ipynb",
     layer_params=layer_params, parity=parity,
     # B = T = 1; T = 300 (a chunk of 256 and 44 steps) with 3 heads; T = 512 at D = 512
-    test_shapes=((1, 1, 64), (300, 3, 96), (512, 4, 512)),
+    test_shapes=shapes((1, 1, 64), (300, 3, 96), (512, 4, 512)),
     tolerance=TRITON_TOLERANCE,
     notes="expansion = Mamba2's expand (layer default 2; dim * expansion a multiple of 64); "
           "d_state 64, headdim 64; "
           "use_mem_eff_path=False (the fused path needs causal-conv1d)",
-))
+),)

@@ -26,7 +26,7 @@ import warnings
 import torch
 from torch import nn
 
-from ..registry import Entry, ParityCase, Tolerance, register
+from ..core.entry import Entry, ParityCase, Shape, Tolerance, shapes
 from .common import DTYPES, autocast_dtype, check_backend
 
 GATES = {"gru": 3, "lstm": 4}
@@ -153,7 +153,8 @@ def layer_params(cell: str):
 
 
 def parity_builder(cell: str):
-    def parity(T, B, D, dtype, device, generator) -> list[ParityCase]:
+    def parity(shape: Shape, dtype, device, generator) -> list[ParityCase]:
+        T, B, D = shape.T, shape.B, shape.D
         G = GATES[cell]
         kw = dict(device=device, dtype=torch.float64, generator=generator)
         a = D ** -0.5
@@ -174,10 +175,9 @@ def parity_builder(cell: str):
 # B = T = 1; T = 33 at a width that is no multiple of 32; T = 512 at D = 512 (these cells
 # contract: with fp16 or bf16 rounding of the state, emulated on the CPU, the relative error
 # at T = 512 equals that at T = 33)
-_SHAPES = ((1, 1, 32), (33, 3, 100), (512, 4, 512))
-for _cell, _cls, _title in (("gru", GRU, "GRU (cuDNN, torch.nn.GRU)"),
-                            ("lstm", LSTM, "LSTM (cuDNN, torch.nn.LSTM)")):
-    register(Entry(
+_SHAPES = shapes((1, 1, 32), (33, 3, 100), (512, 4, 512))
+ENTRIES = tuple(
+    Entry(
         name=_cell, kind="baseline", aliases=(f"cudnn-{_cell}",), layer=_cls, title=_title,
         chapter="book/chapters/baselines.ipynb",
         layer_params=layer_params(_cell), parity=parity_builder(_cell), test_shapes=_SHAPES,
@@ -186,4 +186,6 @@ for _cell, _cls, _title in (("gru", GRU, "GRU (cuDNN, torch.nn.GRU)"),
         dtypes=("float16", "bfloat16"),
         notes="rnn_dtype sets the cuDNN dtype (fp16: persistent algorithm possible; bf16: "
               "standard); W_in N(0, 0.02), W_out zero, gate blocks orthogonal, biases 0",
-    ))
+    )
+    for _cell, _cls, _title in (("gru", GRU, "GRU (cuDNN, torch.nn.GRU)"),
+                                ("lstm", LSTM, "LSTM (cuDNN, torch.nn.LSTM)")))

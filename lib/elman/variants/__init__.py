@@ -1,2 +1,4 @@
-"""The E-series variants; importing this package registers them."""
-from . import e0, e1  # noqa: F401
+"""The E-series variants, one module each; `elman.registry` collects their `ENTRIES`."""
+from . import e0, e1
+
+MODULES = (e0, e1)

@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import dense
-from ..registry import Entry, ParityCase, Tolerance, register
-from ..spectral import RecurrentWeight
-from .common import CausalConv, DENSE_TEST_SHAPES, autocast_dtype, check_backend
+from ..families.dense import inputs, op as dense
+from ..core.entry import Entry, ParityCase, Shape, Tolerance
+from ..core.spectral import RecurrentWeight
+from ..core.layer import CausalConv, autocast_dtype, check_backend
 
 
 def reference(x, w_x, w_h, w_g, b, b_g, h0=None):
@@ -79,19 +79,20 @@ def layer_params(dim: int, expansion: float = 1.0) -> int:
     return 2 * dim * D + 3 * D * D + 2 * D
 
 
-def parity(T, B, D, dtype, device, generator) -> list[ParityCase]:
+def parity(shape: Shape, dtype, device, generator) -> list[ParityCase]:
     """One case per CUDA path that takes this size, on the same fresh inputs."""
+    T, B, D = shape.T, shape.B, shape.D
     names = ("x", "w_x", "w_h", "w_g", "b", "b_g", "h0")
-    inputs = dense.random_inputs(T, B, D, names, device, generator)
+    inputs = inputs.random_inputs(T, B, D, names, device, generator)
     return [ParityCase(inputs, lambda p=p, **kw: cell(**kw, backend="cuda", path=p), reference,
                        ("out", "h_T"), "cuda:" + p) for p in dense.paths(B, D, dtype)]
 
 
-ENTRY = register(Entry(
-    name="E0", kind="variant", aliases=("0",), layer=E0,
+ENTRIES = (Entry(
+    family="dense", name="E0", kind="variant", aliases=("0",), layer=E0,
     title="Stock Elman: tanh recurrence, output h * silu(W_g x + b_g)",
     chapter="book/chapters/e00_stock_elman.ipynb",
-    layer_params=layer_params, parity=parity, test_shapes=DENSE_TEST_SHAPES,
+    layer_params=layer_params, parity=parity, test_shapes=inputs.TEST_SHAPES,
     tolerance={"float32": Tolerance(1e-5, 1e-5), "bfloat16": Tolerance(1e-2, 2e-2)},
     cuda_op="dense_forward/dense_backward",
-))
+),)

@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import dense
-from ..registry import Entry, ParityCase, Tolerance, register
-from ..spectral import RecurrentWeight
-from .common import CausalConv, DENSE_TEST_SHAPES, autocast_dtype, check_backend
+from ..families.dense import inputs, op as dense
+from ..core.entry import Entry, ParityCase, Shape, Tolerance
+from ..core.spectral import RecurrentWeight
+from ..core.layer import CausalConv, autocast_dtype, check_backend
 
 
 def reference(x, z, w_x, w_h, b, h0=None):
@@ -79,18 +79,19 @@ def layer_params(dim: int, expansion: float = 1.0) -> int:
     return 3 * dim * D + 2 * D * D + D
 
 
-def parity(T, B, D, dtype, device, generator) -> list[ParityCase]:
+def parity(shape: Shape, dtype, device, generator) -> list[ParityCase]:
     """One case per CUDA path that takes this size, on the same fresh inputs."""
-    inputs = dense.random_inputs(T, B, D, ("x", "z", "w_x", "w_h", "b", "h0"), device, generator)
+    T, B, D = shape.T, shape.B, shape.D
+    inputs = inputs.random_inputs(T, B, D, ("x", "z", "w_x", "w_h", "b", "h0"), device, generator)
     return [ParityCase(inputs, lambda p=p, **kw: cell(**kw, backend="cuda", path=p), reference,
                        ("out", "h_T"), "cuda:" + p) for p in dense.paths(B, D, dtype)]
 
 
-ENTRY = register(Entry(
-    name="E1", kind="variant", aliases=("1",), layer=E1,
+ENTRIES = (Entry(
+    family="dense", name="E1", kind="variant", aliases=("1",), layer=E1,
     title="Mamba-gated Elman: tanh recurrence on silu(x), output h * silu(z)",
     chapter="book/chapters/e01_gated_elman.ipynb",
-    layer_params=layer_params, parity=parity, test_shapes=DENSE_TEST_SHAPES,
+    layer_params=layer_params, parity=parity, test_shapes=inputs.TEST_SHAPES,
     tolerance={"float32": Tolerance(1e-5, 1e-5), "bfloat16": Tolerance(1e-2, 2e-2)},
     cuda_op="dense_forward/dense_backward",
-))
+),)

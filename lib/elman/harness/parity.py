@@ -17,7 +17,8 @@ from typing import Iterable
 import torch
 from tqdm import tqdm
 
-from . import ops, records, registry
+from .. import registry
+from ..core import extension as ops, records
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -60,15 +61,15 @@ def check_entry(entry: registry.Entry, dtypes: Iterable[str], shapes=None, seed:
     generator = torch.Generator(device=device).manual_seed(seed)
     for dt in dtypes:
         tol = entry.tolerance[dt]
-        for T, B, D in shapes or entry.test_shapes:
-            for case in entry.parity(T, B, D, DTYPES[dt], device, generator):
+        for shape in shapes or entry.test_shapes:
+            for case in entry.parity(shape, DTYPES[dt], device, generator):
                 errors = run_case(case, DTYPES[dt], generator)
                 fwd = max(v for k, v in errors.items() if k.startswith("fwd:"))
                 bwd = max((v for k, v in errors.items() if k.startswith("grad:")), default=0.0)
                 passed = fwd <= tol.fwd and bwd <= tol.bwd
                 out.append(records.make(
                     "parity", entry.name, case.impl,
-                    {"T": T, "B": B, "D": D, "dtype": dt, "seed": seed},
+                    {**shape.params(), "dtype": dt, "seed": seed},
                     {"errors": errors, "max_fwd": fwd, "max_bwd": bwd, "tol_fwd": tol.fwd,
                      "tol_bwd": tol.bwd, "passed": passed}))
     return out

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import ops
+from ...core import extension as ops
 
 PATHS = ("auto", "persistent", "graph", "steps")
 GRAPH_CACHE_SIZE = 8  # captured (shape, dtype, direction) loops kept per process
@@ -176,30 +176,3 @@ def gated_cell_cuda(x, z, w_x, w_h, b, h0=None, path: str = "auto"):
     if h0 is None:
         h0 = x.new_zeros(x.shape[1:])
     return GatedCell.apply(x, z, w_x, w_h, b, h0, path)
-
-
-
-def random_inputs(T: int, B: int, D: int, names: tuple[str, ...], device, generator,
-                  radius: float = 0.99) -> dict[str, torch.Tensor]:
-    """Fresh fp64 parity inputs for a dense cell (never zeros): activations ~ N(0, 1),
-    square weights Xavier-uniform, W_h rescaled to spectral norm `radius` as the layer's
-    spectral normalisation would, biases ~ N(0, 0.1), h0 ~ U(-0.5, 0.5)."""
-    kw = dict(device=device, dtype=torch.float64, generator=generator)
-    a = (6.0 / (2 * D)) ** 0.5
-    make = {
-        "x": lambda: torch.randn(T, B, D, **kw),
-        "z": lambda: torch.randn(T, B, D, **kw),
-        "w_x": lambda: (torch.rand(D, D, **kw) * 2 - 1) * a,
-        "w_g": lambda: (torch.rand(D, D, **kw) * 2 - 1) * a,
-        "b": lambda: 0.1 * torch.randn(D, **kw),
-        "b_g": lambda: 0.1 * torch.randn(D, **kw),
-        "h0": lambda: torch.rand(B, D, **kw) - 0.5,
-    }
-    out = {}
-    for n in names:
-        if n == "w_h":
-            w = torch.randn(D, D, **kw)
-            out[n] = w * (radius / torch.linalg.matrix_norm(w, ord=2))
-        else:
-            out[n] = make[n]()
-    return {k: v.requires_grad_() for k, v in out.items()}

@@ -1,5 +1,5 @@
 """Pieces the variant layers share: backend checks, autocast dtype, the optional causal
-depthwise conv of Templates S and P, and the parity shapes of the dense family."""
+depthwise conv of Templates S and P."""
 from __future__ import annotations
 
 import torch
@@ -7,17 +7,6 @@ import torch.nn.functional as F
 from torch import nn
 
 BACKENDS = ("cuda", "reference")
-
-# (T, B, D): B=1 and T=1, odd T and B, D not a multiple of 32, and the sizes the
-# persistent kernels take: the cluster design at D = 256..1024 in steps of 256 (B = 130
-# needs two waves of 16-column clusters at D = 1024), the grid design at D = 2048 with
-# 8, 32 and 64 batch columns (B = 70 is beyond it: the per-step path).
-DENSE_TEST_SHAPES = (
-    (1, 1, 32), (7, 3, 100), (33, 2, 48), (64, 4, 256), (17, 5, 512),
-    (9, 16, 1024), (13, 64, 512), (5, 8, 768), (3, 2, 2048), (6, 64, 1024), (4, 130, 1024),
-    (6, 20, 2048), (5, 64, 2048), (4, 70, 2048),
-)
-
 
 def check_backend(backend: str) -> None:
     if backend not in BACKENDS:

@@ -56,8 +56,10 @@ from typing import Iterator
 
 import torch
 
-from . import bench, registry
-from .baselines import gdn
+from .. import registry
+from ..core.entry import Shape
+from ..baselines import gdn
+from . import bench
 from .parity import DTYPES
 
 LEVELS = ("mamba2", "fla-gdn")                   # the baselines that run Triton kernels
@@ -121,7 +123,7 @@ def _group_jobs(group: str, levels: tuple[str, ...]) -> list[Job]:
         elif group == "parity":     # `elman parity`: the registry's test shapes and dtypes
             e = registry.get(level)
             out += [Job("parity", level, dt, T, B, D, default_expansion(e))
-                    for dt in e.dtypes for T, B, D in e.test_shapes]
+                    for dt in e.dtypes for T, B, D in ((s.T, s.B, s.D) for s in e.test_shapes)]
         elif group == "verify" and level == "fla-gdn":   # scripts/verify_gdn.py's defaults
             mode = UNGUARDED if UNGUARDED in gdn.VERIFY_MODES else None
             out += [Job("parity", level, dt, T, B, D, e, mode=mode)
@@ -234,7 +236,7 @@ def run_job(job: Job, device: str = "cuda") -> None:
             out.backward(torch.randn_like(out))
         else:
             generator = torch.Generator(device=device).manual_seed(0)
-            for case in entry.parity(job.T, job.B, job.D, dt, device, generator, expansion=job.expansion):
+            for case in entry.parity(Shape(job.T, job.B, job.D), dt, device, generator, expansion=job.expansion):
                 inputs = {k: v.detach().to(dt).requires_grad_(v.requires_grad) for k, v in case.inputs.items()}
                 outs = case.fast(**inputs)
                 torch.autograd.backward(outs, [torch.randn_like(o) for o in outs])

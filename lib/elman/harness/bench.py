@@ -31,8 +31,12 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from . import dense, ops, parity, records, registry
-from .report import TRACE_PHASES
+from .. import registry
+from ..core import extension as ops, records
+from ..families.dense import inputs, op as dense
+from . import parity
+
+TRACE_PHASES = ("wait for state", "multiply", "inputs + partials", "epilogue", "send")
 
 T_DEFAULT = 512
 SHAPES_B = (4, 16, 64)
@@ -86,7 +90,7 @@ def _cell_inputs(T, B, D, n, dtype=torch.bfloat16):
     g = torch.Generator(device="cuda").manual_seed(1234)
     sets = []
     for _ in range(n):
-        t = dense.random_inputs(T, B, D, ("x", "z", "w_h", "b", "h0"), "cuda", g)
+        t = inputs.random_inputs(T, B, D, ("x", "z", "w_h", "b", "h0"), "cuda", g)
         t = {k: v.detach().to(dtype) for k, v in t.items()}
         t["wx"] = t.pop("x")
         t["d_out"] = torch.randn(T, B, D, device="cuda", dtype=dtype, generator=g)
@@ -218,7 +222,7 @@ def recurrent_layer_records(B: int, D: int, T: int = T_DEFAULT, reps: int = 30,
     g = torch.Generator(device="cuda").manual_seed(4321)
     sets = []
     for _ in range(n):
-        t = dense.random_inputs(T, B, D, ("x", "z", "w_x", "w_h", "b", "h0"), "cuda", g)
+        t = inputs.random_inputs(T, B, D, ("x", "z", "w_x", "w_h", "b", "h0"), "cuda", g)
         sets.append({k: v.detach().to(torch.bfloat16).requires_grad_() for k, v in t.items()})
     grad = torch.randn(T, B, D, device="cuda", dtype=torch.bfloat16, generator=g)
 

@@ -12,7 +12,7 @@ import io
 import json
 from pathlib import Path
 
-from . import records
+from ..core import records
 
 COLUMNS = ("name", "level", "params", "dim", "depth", "batch", "steps", "last100", "last1000",
            "val_loss", "tokens_per_s", "peak_memory_mb", "gpu", "run")

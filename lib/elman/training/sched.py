@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from .records import ROOT
+from ..core.records import ROOT
 
 OK_MARKER = "# elman-sched: OK"
 BUSY_MB = 1024

@@ -51,7 +51,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from . import records
+from ..core import records
 from .data import DEFAULT_DATA, Batches, ByteData, DataError
 from .lm import LadderLM, n_params
 

@@ -11,7 +11,8 @@ from typing import Callable
 
 import torch
 
-from .. import records, registry
+from .. import registry
+from ..core import records
 
 LEVELS = ("E1", "mamba2", "fla-gdn", "gru", "lstm", "llama")
 PACKAGES = ("torch", "triton", "mamba-ssm", "flash-linear-attention", "fla-core", "transformers")

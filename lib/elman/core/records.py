@@ -24,7 +24,7 @@ from typing import Any, Iterable
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 RUNS = ROOT / "runs"
 KINDS = ("parity", "bench", "train")
 # What decides a run's results: the kernels, the package and the GPU scripts.

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .records import ROOT
+from ..core.records import ROOT
 
 SEP = 0x1E
 PACKAGE = "linux-source-6.1"

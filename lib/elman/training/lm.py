@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from . import registry
+from .. import registry
 
 VOCAB = 256
 EPS = 1e-5
@@ -37,7 +37,7 @@ NORMS = ("auto", "fused", "torch")
 
 
 def _fused_rms_norm():
-    from .mamba import load
+    from ..core.mamba import load
     load()
     from mamba_ssm.ops.triton.layer_norm import rms_norm_fn
     return rms_norm_fn

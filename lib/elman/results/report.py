@@ -11,7 +11,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from . import records
+from ..core import records
 
 # Phases of a persistent forward step, in order (the kernel's trace marks, dense_persistent.cu).
 TRACE_PHASES = ("wait for state", "multiply", "inputs + partials", "epilogue", "send")
@@ -81,7 +81,7 @@ def describe(run: Path | None) -> str:
 
 # ---- tables (markdown) -----------------------------------------------------------------
 def parity_table(recs: list[dict]) -> str:
-    from .parity import table
+    from ..harness.parity import table
     return table(recs)
 
 
@@ -286,7 +286,7 @@ def reference_checks(variant: str, T: int = 4, B: int = 2, D: int = 5) -> str:
 
     import torch
 
-    from . import dense
+    from ..families.dense import inputs as dense
     mod = importlib.import_module(f"elman.variants.{variant.lower()}")
     names = tuple(inspect.signature(mod.reference).parameters)
     kw = dense.random_inputs(T, B, D, names, "cpu", torch.Generator().manual_seed(0))

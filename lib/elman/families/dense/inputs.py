@@ -1,0 +1,44 @@
+"""Inputs of the dense family: fresh random parity and benchmark inputs (never zeros)
+and the family's parity shapes."""
+from __future__ import annotations
+
+import torch
+
+from ...core.entry import shapes
+
+# (T, B, D): B=1 and T=1, odd T and B, D not a multiple of 32, and the sizes the
+# persistent kernels take: the cluster design at D = 256..1024 in steps of 256 (B = 130
+# needs two waves of 16-column clusters at D = 1024), the grid design at D = 2048 with
+# 8, 32 and 64 batch columns (B = 70 is beyond it: the per-step path).
+TEST_SHAPES = shapes(
+    (1, 1, 32), (7, 3, 100), (33, 2, 48), (64, 4, 256), (17, 5, 512),
+    (9, 16, 1024), (13, 64, 512), (5, 8, 768), (3, 2, 2048), (6, 64, 1024), (4, 130, 1024),
+    (6, 20, 2048), (5, 64, 2048), (4, 70, 2048),
+)
+
+
+
+def random_inputs(T: int, B: int, D: int, names: tuple[str, ...], device, generator,
+                  radius: float = 0.99) -> dict[str, torch.Tensor]:
+    """Fresh fp64 parity inputs for a dense cell (never zeros): activations ~ N(0, 1),
+    square weights Xavier-uniform, W_h rescaled to spectral norm `radius` as the layer's
+    spectral normalisation would, biases ~ N(0, 0.1), h0 ~ U(-0.5, 0.5)."""
+    kw = dict(device=device, dtype=torch.float64, generator=generator)
+    a = (6.0 / (2 * D)) ** 0.5
+    make = {
+        "x": lambda: torch.randn(T, B, D, **kw),
+        "z": lambda: torch.randn(T, B, D, **kw),
+        "w_x": lambda: (torch.rand(D, D, **kw) * 2 - 1) * a,
+        "w_g": lambda: (torch.rand(D, D, **kw) * 2 - 1) * a,
+        "b": lambda: 0.1 * torch.randn(D, **kw),
+        "b_g": lambda: 0.1 * torch.randn(D, **kw),
+        "h0": lambda: torch.rand(B, D, **kw) - 0.5,
+    }
+    out = {}
+    for n in names:
+        if n == "w_h":
+            w = torch.randn(D, D, **kw)
+            out[n] = w * (radius / torch.linalg.matrix_norm(w, ord=2))
+        else:
+            out[n] = make[n]()
+    return {k: v.requires_grad_() for k, v in out.items()}
