@@ -1,0 +1,36 @@
+"""The runs the book reads: `book/runs.yml` names, for each chapter, the run folders under
+`runs/` whose records it shows. A chapter executed on a GPU shows the run it is writing
+(`records.run_dir()`); anywhere else it reads only its pinned runs."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from ..core import records
+
+PINS = records.ROOT / "book" / "runs.yml"
+
+
+def pinned() -> dict[str, list[str]]:
+    """Chapter (notebook stem) -> run folder names, as `book/runs.yml` lists them."""
+    data = yaml.safe_load(PINS.read_text()) or {}
+    return {chapter: list(runs or []) for chapter, runs in (data.get("chapters") or {}).items()}
+
+
+def runs(chapter: str) -> list[Path]:
+    """The run folders pinned for `chapter`; a pinned folder that is missing is an error."""
+    names = pinned().get(chapter)
+    if names is None:
+        raise KeyError(f"{PINS.relative_to(records.ROOT)} pins no run for chapter {chapter!r}")
+    folders = [records.RUNS / n for n in names]
+    missing = [f.name for f in folders if not (f / "records.jsonl").is_file()]
+    if missing:
+        raise FileNotFoundError(f"runs pinned for {chapter!r} have no records.jsonl: {missing}")
+    return folders
+
+
+def records_of(chapter: str, kind: str | None = None, measure: str | None = None) -> list[dict]:
+    """The records of `chapter`'s pinned runs, optionally of one kind and bench measure."""
+    recs = records.read(runs(chapter), kind=kind)
+    return [r for r in recs if measure is None or r["params"].get("measure") == measure]
