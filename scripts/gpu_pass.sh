@@ -4,9 +4,9 @@
 # execute the chapters with papermill, optionally train, and pack everything into one
 # archive under $OUT.
 #
-#   scripts/gpu_pass.sh [STAGE ...]      stages: setup build warm test parity gdn baselines bench
-#                                        sanitize chapters train leaderboard pack (default: all
-#                                        but baselines, train and leaderboard)
+#   scripts/gpu_pass.sh [STAGE ...]      stages: setup build warm test parity bitwise gdn baselines
+#                                        bench sanitize chapters train leaderboard pack (default: all
+#                                        but bitwise, baselines, train and leaderboard)
 #   scripts/gpu_pass.sh setup build warm baselines pack     the baselines' run (issue 4) alone
 #
 # warm compiles, in parallel, the Triton kernels (mamba2, fla-gdn) of the stages that follow
@@ -63,7 +63,7 @@ setup() {
   python3 -m ipykernel install --user --name python3 > /dev/null 2>&1 || true
   python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
 }
-build() { python3 -c "from elman.core import extension; extension.load(verbose=False)"; }
+build() { python3 -c "from elman.core import extension; extension.load('dense'); extension.load('dev')"; }
 # Parity of every registered level is the parity stage's job (it records) and the GDN check
 # the gdn stage's; the GPU tests check everything else.
 gpu_tests() {
@@ -95,11 +95,15 @@ sanitize() {
   local cs; cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   "$cs" --tool memcheck --error-exitcode 1 python3 scripts/sanitize_persistent.py || return 1
   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -lineinfo -gencode=arch=compute_90a,code=sm_90a \
-    -Ilib/csrc scripts/sanitize_persistent.cu lib/csrc/dense_persistent.cu lib/csrc/dense_grid.cu \
+    -Ilib/csrc scripts/sanitize_persistent.cu lib/csrc/dense/persistent.cu lib/csrc/dense/grid.cu \
     -o /tmp/sanitize_persistent || return 1
   timeout 540 "$cs" --tool racecheck --racecheck-report hazard --error-exitcode 1 \
     /tmp/sanitize_persistent
 }
+# E0/E1 on the persistent path against the kernels of a previous commit, bit for bit: the
+# sources of that commit in BEFORE_SRC (default .cache/before, made with
+# `git archive COMMIT lib/csrc | tar -x -C .cache/before` and carried).
+bitwise_stage() { python3 dev/dense_bitwise.py "${BEFORE_SRC:-.cache/before}"; }
 gdn_stage() { python3 scripts/verify_gdn.py; }
 baselines_stage() {  # fla-gdn verified, then every baseline's parity, then their layers beside E1
   local ok=0
@@ -116,8 +120,8 @@ chapters() {  # chapters [NAME ...]: those of the TOC whose file name contains a
     if [ $# -gt 0 ]; then local hit=0; for n in "$@"; do [[ $nb == *$n* ]] && hit=1; done; [ $hit = 1 ] || continue; fi
     log "papermill $nb"
     python3 -m papermill "$nb" "$nb" -k python3 -p quick False -p device cuda \
-      -p runs_dir "$ELMAN_RUN_DIR" --cwd "$(dirname "$nb")" || ok=1
-    mkdir -p "$ELMAN_RUN_DIR/notebooks" && cp "$nb" "$ELMAN_RUN_DIR/notebooks/"
+      --cwd "$(dirname "$nb")" || ok=1
+    python3 scripts/tag_chapters.py "$nb" || ok=1
   done
   return $ok
 }
@@ -133,6 +137,7 @@ has build && stage build build
 has warm && stage warm warm_stage
 has test && stage test gpu_tests
 has parity && stage parity parity_stage
+has bitwise && stage bitwise bitwise_stage
 has gdn && stage gdn gdn_stage
 has baselines && stage baselines baselines_stage
 has bench && stage bench bench_stage
