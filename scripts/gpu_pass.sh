@@ -89,7 +89,7 @@ bench_stage() { python3 -m elman bench --primitives ${QUICK:+--quick} ${BENCH_AR
 # compute-sanitizer on the persistent kernels: memcheck through the op (Python, every D the
 # kernels take), then racecheck from a plain CUDA program (scripts/sanitize_persistent.cu: the
 # parity suite's persistent shapes). Under a Python process that has loaded torch, racecheck
-# of CUDA 13.0 stops with an internal error on these kernels (run 20261122T102755Z); from the
+# of CUDA 13.0 stops with an internal error on these kernels (seen on the H100 host); from the
 # plain program it checks them. A hazard or an error fails the stage.
 sanitize() {
   local cs; cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)

@@ -43,8 +43,8 @@ def _git(*args: str) -> str:
 def _dirty() -> bool | None:
     """Whether tracked files differ in content from the commit: ELMAN_DIRTY if set; None
     (unknown) where ELMAN_COMMIT names the commit, because there the tree's own .git may be
-    another commit's (the GPU host's copy is: run 20261124T132905Z's gpu_pass.log; the
-    run's recorded sources say what ran); else git's answer, mode bits aside."""
+    another commit's (the GPU host's copy of the tree carries an older .git; the run's
+    recorded sources say what ran); else git's answer, mode bits aside."""
     if "ELMAN_DIRTY" in os.environ:
         return os.environ["ELMAN_DIRTY"] == "1"
     if os.environ.get("ELMAN_COMMIT"):
