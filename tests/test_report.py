@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from elman.core import records
-from elman.results import report
+from elman.results import report, tables, versions
 
 
 def _cell(impl, B, D, us):
@@ -25,22 +25,77 @@ def test_target_table_shows_a_near_miss_as_a_miss():
     assert "not measured" in rows[("forward per step (us)", "16", "1024")]
 
 
-def test_pick_run_prefers_the_newest_full_pass_over_development_runs(tmp_path):
-    def run(name, measure):
-        d = tmp_path / name
-        d.mkdir()
-        rec = {"kind": "bench", "impl": "cuda:persistent", "variant": "E1",
-               "params": {"measure": measure, "B": 4, "D": 512}, "metrics": {"per_step_us": 1.0}}
-        (d / "records.jsonl").write_text(json.dumps(rec) + "\n")
-        return d
+def _version(v, role, B, D, us, origin="o1", outcome="kept", commit="abcdef1234"):
+    return {"kind": "bench", "impl": "cuda:persistent", "variant": "E1",
+            "params": {"measure": "cell", "B": B, "D": D, "version": v, "change": f"change {v}",
+                       "outcome": outcome, "role": role, "origin": origin},
+            "metrics": {"per_step_us": us}, "env": {"commit": commit}, "time": "2026-11-22T08:00:00+00:00"}
 
-    old = run("20260101T000000Z_aaaaaaa_nvidia-h100", "cell")
-    run("20260102T000000Z_bbbbbbb_dev-s9", "cell")  # newer, but a development run
-    run("20260103T000000Z_ccccccc_nvidia-h100", "trace")  # newer, other measure
-    assert report.pick_run("bench", "cell", root=tmp_path) == old
-    assert report.pick_run("bench", "cell", runs_dir=tmp_path / "20260102T000000Z_bbbbbbb_dev-s9",
-                           root=tmp_path).name.endswith("dev-s9")  # a named run is used as given
-    assert report.pick_run("parity", root=tmp_path) is None
+
+def test_version_table_shows_medians_of_the_version_arm_only():
+    recs = [_version(1, "version", 4, 1024, 2.0), _version(1, "version", 4, 1024, 2.2),
+            _version(1, "version", 4, 1024, 9.0), _version(1, "reference", 4, 1024, 5.0),
+            _version(2, "version", 4, 1024, 1.5, outcome="not kept", commit="wip1"),
+            _version(3, "version", 4, 1024, 1.2, commit="e914658-flags")]
+    lines = versions.table(recs, shapes=((4, 1024), (64, 2048))).splitlines()
+    assert lines[0].endswith("| B=4 D=1024 | B=64 D=2048 |")
+    assert lines[2] == "| 1 | `abcdef1` | 2026-11-22 | change 1 | kept | 2.20 | — |"
+    assert "| 2 | `uncommitted` |" in lines[3] and "| 3 | `e914658 + flag code` |" in lines[4]
+
+
+def test_effects_compare_a_version_with_its_reference_in_the_same_run():
+    recs = [_version(5, "reference", 4, 512, 1.0), _version(5, "version", 4, 512, 0.9),
+            _version(5, "variant", 4, 512, 0.1), _version(5, "version", 16, 1024, 1.0),
+            _version(6, "reference", 4, 512, 1.0, origin="o2"), _version(6, "version", 4, 512, 1.1)]
+    (e,) = versions.effects(recs)  # no reference at (16, 1024); version 6's arms are in two runs
+    assert (e["version"], e["B"], e["D"], e["before"], e["after"]) == (5, 4, 512, 1.0, 0.9)
+    assert abs(e["rel"] + 0.1) < 1e-12
+    assert "| 5 | kept | 1.000 → 0.900 (-10.0 %) |" in versions.effect_table(recs)
+
+
+def test_main_line_and_largest_steps_follow_the_kept_versions():
+    recs = [_version(1, "version", 4, 1024, 2.0), _version(2, "version", 4, 1024, 3.0, outcome="not kept"),
+            _version(3, "version", 4, 1024, 1.0, outcome="kept at 8 batch columns"),
+            _version(4, "version", 4, 1024, 0.9)]
+    assert versions.main_line(recs, 4, 1024) == [(1, 2.0), (3, 1.0), (4, 0.9)]
+    lines = versions.largest_steps(recs, 4, 1024, n=1).splitlines()
+    assert len(lines) == 3 and lines[2] == "| 3 | change 3 | 2.00 → 1.00 | -50 % |"
+
+
+def test_wide_tables_scroll_as_html_and_stay_markdown_as_text():
+    md = "| a | `b` |\n|---|---|\n| 1 & 2 | **3** |"
+    wide = tables.Wide(md)
+    html = wide._repr_html_()
+    assert html.startswith('<div class="table-scroll"><table>') and html.endswith("</table></div>")
+    assert "<th><code>b</code></th>" in html and "<td>1 &amp; 2</td><td><strong>3</strong></td>" in html
+    assert str(wide) == md
+
+
+def test_describe_names_the_run_folder_not_a_path(tmp_path):
+    run = tmp_path / "20990101T000000Z_abc_gpu"
+    run.mkdir()
+    rec = {"kind": "bench", "impl": "x", "variant": "E1", "params": {}, "metrics": {},
+           "env": {"commit": "abc", "gpu": "H100", "driver": "1", "torch": "2", "cuda": "13"}}
+    (run / "records.jsonl").write_text(json.dumps(rec) + "\n")
+    text = report.describe(run)
+    assert text.startswith("Run `20990101T000000Z_abc_gpu`: H100, driver 1, torch 2, CUDA 13, commit abc")
+    assert str(tmp_path) not in text
+
+
+def test_results_import_only_the_core():
+    import ast
+    for f in (records.ROOT / "lib" / "elman" / "results").glob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 2:  # from ..x import y
+                targets = [node.module] if node.module else [a.name for a in node.names]
+                assert all(t.split(".")[0] == "core" for t in targets), f"{f.name}: {targets}"
+            elif isinstance(node, ast.ImportFrom) and node.level:
+                assert node.level == 1, f"{f.name}: imports from above elman"
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("elman"):
+                assert node.module.startswith("elman.core") or node.module.startswith("elman.results"), f.name
+            elif isinstance(node, ast.Import):
+                assert not any(a.name.startswith("elman") and not a.name.startswith("elman.core")
+                               for a in node.names), f.name
 
 
 def test_clock_table_has_a_row_per_work_and_a_column_per_sm_count():
@@ -83,8 +138,9 @@ needs_git = pytest.mark.skipif(_git("rev-parse", "HEAD") is None, reason="needs 
 @needs_git
 def test_source_blobs_are_git_blob_ids():
     blobs = records.source_blobs()
-    assert "lib/csrc/dense_persistent.cu" in blobs and "scripts/gpu_pass.sh" in blobs
-    for path in ("lib/csrc/dense_persistent.cu", "lib/elman/core/records.py", "scripts/gpu_pass.sh"):
+    kernel = next(p for p in sorted(blobs) if p.startswith("lib/csrc/") and p.endswith(".cu"))
+    assert "scripts/gpu_pass.sh" in blobs
+    for path in (kernel, "lib/elman/core/records.py", "scripts/gpu_pass.sh"):
         assert blobs[path] == _git("hash-object", path).strip()
 
 

@@ -1,6 +1,7 @@
 """What the Baselines chapter shows, computed here so that the chapter stays thin: library
-versions, parameter counts, the GDN verification, parity and layer benchmark tables and
-the plot, all read from `runs/` records."""
+versions, the GDN verification, parity and layer benchmark tables and the plot, all read
+from the records of the chapter's pinned runs. Parameter counts need the registry, which a
+reader of records does not import: the chapter takes them from `elman.registry`."""
 from __future__ import annotations
 
 import html
@@ -11,10 +12,9 @@ from typing import Callable
 
 import torch
 
-from .. import registry
-from ..core import records
 
 LEVELS = ("E1", "mamba2", "fla-gdn", "gru", "lstm", "llama")
+BASELINES = LEVELS[1:]
 PACKAGES = ("torch", "triton", "mamba-ssm", "flash-linear-attention", "fla-core", "transformers")
 VERIFY_FILE = "verify_gdn.json"
 
@@ -67,23 +67,6 @@ class Table:
         return markdown(self.rows, self.columns)
 
     _repr_markdown_ = __str__
-
-
-def param_rows(dims=(512, 1024, 2048), expansion: float = 1.0, count: bool = True) -> list[dict]:
-    """Parameters of one layer of each level: the formula and, with `count`, the layer
-    built on the meta device (nothing allocated)."""
-    rows = []
-    for name in LEVELS:
-        e = registry.get(name)
-        for d in dims:
-            row = {"level": e.name, "dim": d, "expansion": expansion,
-                   "formula": e.layer_params(d, expansion)}
-            if count:
-                with torch.device("meta"):
-                    layer = e.layer(d, expansion=expansion, backend="reference")
-                row["instantiated"] = sum(p.numel() for p in layer.parameters())
-            rows.append(row)
-    return rows
 
 
 def kernel_names(fn: Callable[[], None]) -> list[str]:
@@ -210,8 +193,7 @@ def plot_layers(rows: list[dict]):
 
 def parity_rows(recs: list[dict]) -> list[dict]:
     """Parity records of the baselines (latest run first), as the parity table shows them."""
-    names = {e.name for e in registry.baselines()}
-    return sorted((r for r in recs if r["kind"] == "parity" and r["variant"] in names),
+    return sorted((r for r in recs if r["kind"] == "parity" and r["variant"] in BASELINES),
                   key=lambda r: (r["run"], r["variant"]), reverse=True)
 
 
@@ -225,7 +207,8 @@ def parity_summary(recs: list[dict]) -> list[dict]:
 
 
 def verify_rows(run_dirs: list[Path]) -> list[dict]:
-    """The rows scripts/verify_gdn.py saved (every mode it ran), newest run first."""
+    """The rows scripts/verify_gdn.py saved (every mode it ran) in the given run folders
+    (`pins.runs("baselines")`), newest run first."""
     rows = []
     for d in sorted(run_dirs, reverse=True):
         f = Path(d) / VERIFY_FILE
@@ -261,14 +244,3 @@ def verify_summary(rows: list[dict]) -> list[dict]:
 
 def verify_table(rows: list[dict]) -> str:
     return markdown(verify_summary(rows))
-
-
-def run_dirs(runs_dir: Path | str | None = None) -> list[Path]:
-    """The run folders under `runs_dir` (default runs/), or `runs_dir` itself when it is one
-    run (it holds records.jsonl or verify_gdn.json)."""
-    root = Path(runs_dir) if runs_dir else records.RUNS
-    if not root.is_dir():
-        return []
-    if (root / "records.jsonl").is_file() or (root / VERIFY_FILE).is_file():
-        return [root]
-    return sorted(p for p in root.iterdir() if p.is_dir())

@@ -22,7 +22,7 @@ def runs(chapter: str) -> list[Path]:
     """The run folders pinned for `chapter`; a pinned folder that is missing is an error."""
     names = pinned().get(chapter)
     if names is None:
-        raise KeyError(f"{PINS.relative_to(records.ROOT)} pins no run for chapter {chapter!r}")
+        raise KeyError(f"{PINS.name} pins no run for chapter {chapter!r}: name its run folders there")
     folders = [records.RUNS / n for n in names]
     missing = [f.name for f in folders if not (f / "records.jsonl").is_file()]
     if missing:

@@ -1,9 +1,8 @@
 """What the chapters show: tables and plots read from `runs/` records (never typed in).
 
-Every function takes the records it reports on (`elman.records.read(...)`), so a chapter
-executed on a GPU shows the run it just made and one executed on a CPU shows the newest
-committed run.
-"""
+Every function takes the records it reports on, so a chapter executed on a GPU shows the run
+it just made (`records.run_dir()`) and one executed anywhere else shows its pinned runs
+(`elman.results.pins.records_of`)."""
 from __future__ import annotations
 
 import json
@@ -26,31 +25,6 @@ IMPL_STYLE = {
 }
 
 
-def runs_with(kind: str, measure: str | None = None, root: Path | str | None = None) -> list[Path]:
-    """Run folders (oldest first) holding records of this kind (and bench measure)."""
-    root = Path(root) if root else records.RUNS
-    out = []
-    for f in sorted(root.glob("*/records.jsonl")):
-        recs = records.read([f], kind=kind)
-        if recs and (measure is None or any(r["params"].get("measure") == measure for r in recs)):
-            out.append(f.parent)
-    return out
-
-
-def pick_run(kind: str, measure: str | None = None, runs_dir: str | Path | None = None,
-             root: Path | str | None = None) -> Path | None:
-    """`runs_dir` if it holds such records, else the newest full GPU pass in runs/ (`root`)
-    that does. Development runs (`*_dev-*`: partial, often of code that was not kept) are
-    only shown where a chapter names them."""
-    found = [r for r in runs_with(kind, measure, root)[::-1] if "_dev-" not in r.name]
-    candidates = ([Path(runs_dir)] if runs_dir else []) + found
-    for run in candidates:
-        recs = records.read([run], kind=kind) if (run / "records.jsonl").exists() else []
-        if recs and (measure is None or any(r["params"].get("measure") == measure for r in recs)):
-            return run
-    return None
-
-
 def run_note(run: Path) -> str:
     f = Path(run) / "run.json"
     return json.loads(f.read_text()).get("note", "") if f.exists() else ""
@@ -69,10 +43,13 @@ def provenance(run: Path, env: dict) -> str:
     return f" ({len(changed)} source files differ from it: {', '.join(changed[:4])})"
 
 
-def describe(run: Path | None) -> str:
+def describe(run: Path | str | None) -> str:
+    """One line on a run: its folder name (never a host path), GPU, driver, torch, CUDA,
+    commit and how the code it ran relates to that commit, then its note."""
     if run is None:
         return "No GPU run with these records exists yet."
-    recs = records.read([run])
+    run = Path(run)
+    recs = records.read([run]) if (run / "records.jsonl").is_file() else []
     e = recs[0]["env"] if recs else {}
     return (f"Run `{run.name}`: {e.get('gpu')}, driver {e.get('driver')}, torch {e.get('torch')}, "
             f"CUDA {e.get('cuda')}, commit {e.get('commit')}{provenance(run, e)}. "
@@ -80,11 +57,6 @@ def describe(run: Path | None) -> str:
 
 
 # ---- tables (markdown) -----------------------------------------------------------------
-def parity_table(recs: list[dict]) -> str:
-    from ..harness.parity import table
-    return table(recs)
-
-
 def parity_summary(recs: list[dict]) -> str:
     """One row per (variant, impl, dtype): shapes checked, worst errors, verdict."""
     groups: dict[tuple, list[dict]] = {}
@@ -237,27 +209,6 @@ def plot_trace(recs: list[dict]):
     return fig
 
 
-def plot_versions(runs: list[Path], B: int, D: int):
-    """Per-step latency of the persistent kernel across development runs, at one shape."""
-    pts = []
-    for run in runs:
-        for r in records.read([run], kind="bench"):
-            p = r["params"]
-            if (r["impl"] == "cuda:persistent" and p.get("measure") == "cell"
-                    and p["B"] == B and p["D"] == D):
-                pts.append((r["env"]["commit"], r["metrics"]["per_step_us"]))
-    fig, ax = plt.subplots(figsize=(6, 3))
-    if pts:
-        ax.bar([c for c, _ in pts], [v for _, v in pts], color="C3")
-        for i, (_, v) in enumerate(pts):
-            ax.text(i, v, f"{v:.2f}", ha="center", va="bottom", fontsize=8)
-    ax.set_ylabel(f"us per step (B={B}, D={D})")
-    ax.set_xlabel("commit")
-    ax.tick_params(axis="x", labelrotation=45)
-    fig.tight_layout()
-    return fig
-
-
 def speed_summary(recs: list[dict], ours: str = "cuda:persistent") -> str:
     """Bullet sentences with the measured per-step latency of `ours` and its ratios to the
     per-step cuBLAS graph and cuDNN fp16 at every recorded shape."""
@@ -276,33 +227,6 @@ def speed_summary(recs: list[dict], ours: str = "cuda:persistent") -> str:
                              f"{IMPL_STYLE[other][0]}")
         out.append("; ".join(parts) + ".")
     return "\n".join(out) or "No persistent-kernel benchmark is recorded in this run."
-
-
-def reference_checks(variant: str, T: int = 4, B: int = 2, D: int = 5) -> str:
-    """CPU checks of a variant's reference (fp64 gradcheck; the whole sequence equals T
-    single steps that carry the state), as a markdown table."""
-    import importlib
-    import inspect
-
-    import torch
-
-    from ..families.dense import inputs as dense
-    mod = importlib.import_module(f"elman.variants.{variant.lower()}")
-    names = tuple(inspect.signature(mod.reference).parameters)
-    kw = dense.random_inputs(T, B, D, names, "cpu", torch.Generator().manual_seed(0))
-    grad_ok = torch.autograd.gradcheck(lambda *a: mod.reference(**dict(zip(names, a))),
-                                       tuple(kw.values()), eps=1e-6, atol=1e-6)
-    plain = {k: v.detach() for k, v in kw.items()}
-    full, h_full = mod.reference(**plain)
-    h, outs = plain["h0"], []
-    for t in range(T):
-        step = {k: (v[t:t + 1] if v.dim() == 3 else v) for k, v in plain.items()}
-        out, h = mod.reference(**{**step, "h0": h})
-        outs.append(out)
-    seq_err = (torch.cat(outs) - full).abs().max().item()
-    return ("| check | result |\n|---|---|\n"
-            f"| fp64 gradcheck, every input (T={T}, B={B}, D={D}) | {'pass' if grad_ok else 'FAIL'} |\n"
-            f"| sequence vs. {T} single steps, max abs difference | {seq_err:.1e} |")
 
 
 TARGETS = (  # issue "Persistent recurrent kernels": (measure, shape, committed, moonshot)
