@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from ..core.entry import Tolerance
+from ..core.entry import DTYPES, Tolerance
 from ..core.layer import autocast_dtype, check_backend
 
 __all__ = ["autocast_dtype", "check_backend", "require_cuda", "no_state", "DTYPES", "TRITON_TOLERANCE"]
-
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 # mamba2 and fla-gdn against their fp64 references. fp32: Triton's tl.dot multiplies fp32
 # operands on TF32 tensor cores unless a kernel asks otherwise (input_precision defaults to

@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..core.entry import Entry, ParityCase, Shape, shapes
+from ..core.entry import DTYPES, Entry, ParityCase, Shape, run_case, shapes
 from .common import TRITON_TOLERANCE, autocast_dtype, check_backend, no_state, require_cuda
 
 FLA_VERSION = "0.6.0"
@@ -366,8 +366,6 @@ def verify(shapes=VERIFY_SHAPES, dtypes=VERIFY_DTYPES, modes=("auto",), seed: in
     every gradient) for each chunk_bwd_dqkwg mode, dtype and (T, B, D, expansion): one row each. A
     mode FLA refuses gets a row with `refused`; a "torch" row passes only if the PyTorch
     chunk_bwd_dqkwg really ran."""
-    from ..harness import parity as harness
-
     generator = torch.Generator(device=device).manual_seed(seed)
     rows = []
     for mode in modes:
@@ -379,8 +377,8 @@ def verify(shapes=VERIFY_SHAPES, dtypes=VERIFY_DTYPES, modes=("auto",), seed: in
                            "T": T, "B": B, "D": D, "expansion": e, "heads": heads(D), "seed": seed}
                     before = calls["torch"]
                     try:
-                        case, = parity(Shape(T, B, D), harness.DTYPES[dt], device, generator, expansion=e)
-                        errors = harness.run_case(case, harness.DTYPES[dt], generator)
+                        case, = parity(Shape(T, B, D), DTYPES[dt], device, generator, expansion=e)
+                        errors = run_case(case, DTYPES[dt], generator)
                     except RuntimeError as exc:
                         text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                         key = "refused" if "incorrect results" in text else "error"

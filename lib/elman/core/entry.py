@@ -1,12 +1,17 @@
 """What a registry entry says about a variant or baseline: its layer, reference, parity
-builder, shapes, tolerances and kernel family. `elman.registry` collects the entries."""
+builder, shapes, tolerances and kernel family. `elman.registry` collects the entries.
+`run_case` runs one parity comparison (the harness and the baselines' own checks share it)."""
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import torch
 
+from . import extension
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 FAMILIES = ("dense", "diagonal", "matrix", "twogemm")  # kernel families of the variants
 KINDS = ("variant", "baseline")
 
@@ -61,6 +66,39 @@ class ParityCase:
     impl: str = "cuda"  # what `fast` ran, e.g. "cuda:persistent", "cuda:steps"
 
 
+def rel_error(fast: torch.Tensor | None, ref: torch.Tensor | None) -> float:
+    """||fast - ref|| / ||ref|| in fp64; inf for a missing or non-finite result."""
+    if fast is None or ref is None:
+        return math.inf if (fast is None) != (ref is None) else 0.0
+    a, b = fast.detach().double(), ref.detach().double()
+    if not torch.isfinite(a).all():
+        return math.inf
+    denom = b.norm().item()
+    diff = (a - b).norm().item()
+    return diff / denom if denom > 0 else diff
+
+
+def run_case(case: ParityCase, dtype: torch.dtype, generator: torch.Generator) -> dict[str, float]:
+    """Run one case: the reference in fp64, `fast` in `dtype` with every output allocation
+    poisoned (NaN), the same random upstream gradient through both. Returns
+    {"fwd:<output>" | "grad:<input>": relative error}."""
+    ref_in = {k: v.detach().clone().requires_grad_(v.requires_grad) for k, v in case.inputs.items()}
+    fast_in = {k: v.detach().to(dtype).requires_grad_(v.requires_grad) for k, v in case.inputs.items()}
+    ref_out = case.reference(**ref_in)
+    with extension.poisoned():
+        fast_out = case.fast(**fast_in)
+    grads = [torch.randn(r.shape, dtype=torch.float64, device=r.device, generator=generator)
+             for r in ref_out]
+    torch.autograd.backward(ref_out, grads)
+    with extension.poisoned():
+        torch.autograd.backward(fast_out, [g.to(f.dtype) for g, f in zip(grads, fast_out)])
+    errors = {f"fwd:{n}": rel_error(f, r) for n, f, r in zip(case.outputs, fast_out, ref_out)}
+    for name, t in ref_in.items():
+        if t.requires_grad:
+            errors[f"grad:{name}"] = rel_error(fast_in[name].grad, t.grad)
+    return errors
+
+
 @dataclass(frozen=True)
 class Entry:
     """A registered variant (kind "variant") or baseline (kind "baseline")."""
@@ -71,6 +109,10 @@ class Entry:
     layer: Callable[..., torch.nn.Module]
     chapter: str | None
     family: str | None = None  # kernel family of a variant (FAMILIES); None for baselines
+    # the definition: plain sequential PyTorch over the cell's inputs (variants)
+    reference: Callable[..., tuple[torch.Tensor, ...]] | None = None
+    # dense family: the op's epilogue the cell runs (the family's cell benchmark feeds it)
+    epilogue: str | None = None
     aliases: tuple[str, ...] = ()
     # layer_params(dim, expansion) -> parameters of one layer, from the specification's
     # formula; tests check it against an instantiated layer.

@@ -11,57 +11,27 @@ input, parameter and the initial state. Pass/fail uses the registry's tolerances
 """
 from __future__ import annotations
 
-import math
+import importlib
 from typing import Iterable
 
 import torch
 from tqdm import tqdm
 
 from .. import registry
-from ..core import extension as ops, records
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def rel_error(fast: torch.Tensor | None, ref: torch.Tensor | None) -> float:
-    """||fast - ref|| / ||ref|| in fp64; inf for a missing or non-finite result."""
-    if fast is None or ref is None:
-        return math.inf if (fast is None) != (ref is None) else 0.0
-    a, b = fast.detach().double(), ref.detach().double()
-    if not torch.isfinite(a).all():
-        return math.inf
-    denom = b.norm().item()
-    diff = (a - b).norm().item()
-    return diff / denom if denom > 0 else diff
-
-
-def run_case(case: registry.ParityCase, dtype: torch.dtype, generator: torch.Generator) -> dict:
-    """Run one case; returns {name: relative error} for outputs and input gradients."""
-    ref_in = {k: v.detach().clone().requires_grad_(v.requires_grad) for k, v in case.inputs.items()}
-    fast_in = {k: v.detach().to(dtype).requires_grad_(v.requires_grad) for k, v in case.inputs.items()}
-    ref_out = case.reference(**ref_in)
-    with ops.poisoned():
-        fast_out = case.fast(**fast_in)
-    grads = [torch.randn(r.shape, dtype=torch.float64, device=r.device, generator=generator)
-             for r in ref_out]
-    torch.autograd.backward(ref_out, grads)
-    with ops.poisoned():
-        torch.autograd.backward(fast_out, [g.to(f.dtype) for g, f in zip(grads, fast_out)])
-    errors = {f"fwd:{n}": rel_error(f, r) for n, f, r in zip(case.outputs, fast_out, ref_out)}
-    for name, t in ref_in.items():
-        if t.requires_grad:
-            errors[f"grad:{name}"] = rel_error(fast_in[name].grad, t.grad)
-    return errors
+from ..core import records
+from ..core.entry import DTYPES, Shape, rel_error, run_case  # noqa: F401 (rel_error re-exported)
 
 
 def check_entry(entry: registry.Entry, dtypes: Iterable[str], shapes=None, seed: int = 0,
                 device: str = "cuda") -> list[dict]:
-    """Parity records for one entry over its test shapes (or `shapes`) and `dtypes`."""
+    """Parity records for one entry over its test shapes (or `shapes`: Shapes or (T, B, D,
+    ...) tuples) and `dtypes`."""
     out = []
     generator = torch.Generator(device=device).manual_seed(seed)
     for dt in dtypes:
         tol = entry.tolerance[dt]
         for shape in shapes or entry.test_shapes:
+            shape = shape if isinstance(shape, Shape) else Shape(*shape)
             for case in entry.parity(shape, DTYPES[dt], device, generator):
                 errors = run_case(case, DTYPES[dt], generator)
                 fwd = max(v for k, v in errors.items() if k.startswith("fwd:"))
@@ -76,15 +46,45 @@ def check_entry(entry: registry.Entry, dtypes: Iterable[str], shapes=None, seed:
 
 
 def table(recs: list[dict]) -> str:
-    """A markdown table of parity records."""
-    lines = ["| variant | impl | dtype | T | B | D | max fwd err | max grad err | tolerance | result |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    """A markdown table of parity records, one column per shape field the records carry."""
+    dims = [k for k in Shape.__dataclass_fields__ if any(k in r["params"] for r in recs)]
+    lines = ["| variant | impl | dtype | " + " | ".join(dims) + " | max fwd err | max grad err "
+             "| tolerance | result |", "|---" * (len(dims) + 7) + "|"]
     for r in recs:
         p, m = r["params"], r["metrics"]
-        lines.append(f"| {r['variant']} | {r['impl']} | {p['dtype']} | {p['T']} | {p['B']} | {p['D']} "
+        shape = " | ".join(str(p.get(k, "")) for k in dims)
+        lines.append(f"| {r['variant']} | {r['impl']} | {p['dtype']} | {shape} "
                      f"| {m['max_fwd']:.2e} | {m['max_bwd']:.2e} | {m['tol_fwd']:.0e} / {m['tol_bwd']:.0e} "
                      f"| {'pass' if m['passed'] else 'FAIL'} |")
     return "\n".join(lines)
+
+
+def reference_checks(level: str, T: int = 4, B: int = 2, D: int = 5) -> str:
+    """CPU checks of an entry's reference, as a markdown table: an fp64 gradcheck of every
+    input, and the whole sequence against T single steps that carry the state (h0 in, the
+    second output out). The inputs come from the entry's kernel family
+    (`elman.families.<family>.inputs.reference_inputs`; `time_major` says which inputs
+    have one slice per step)."""
+    entry = registry.get(level)
+    if entry.reference is None or entry.family is None:
+        raise ValueError(f"{entry.name} has no reference of a kernel family to check")
+    family = importlib.import_module(f"{__package__.rsplit('.', 1)[0]}.families.{entry.family}.inputs")
+    ref = entry.reference
+    kw = family.reference_inputs(ref, Shape(T, B, D), "cpu", torch.Generator().manual_seed(0))
+    names = list(kw)
+    grad_ok = torch.autograd.gradcheck(lambda *a: ref(**dict(zip(names, a))), tuple(kw.values()),
+                                       eps=1e-6, atol=1e-6)
+    plain = {k: v.detach() for k, v in kw.items()}
+    full, h_full = ref(**plain)[:2]
+    h, outs = plain["h0"], []
+    for t in range(T):
+        step = {k: (v[t:t + 1] if family.time_major(k, v) else v) for k, v in plain.items()}
+        out, h = ref(**{**step, "h0": h})[:2]
+        outs.append(out)
+    seq_err = max((torch.cat(outs) - full).abs().max().item(), (h - h_full).abs().max().item())
+    return ("| check | result |\n|---|---|\n"
+            f"| fp64 gradcheck, every input (T={T}, B={B}, D={D}) | {'pass' if grad_ok else 'FAIL'} |\n"
+            f"| sequence vs. {T} single steps, max abs difference | {seq_err:.1e} |")
 
 
 def add_arguments(p) -> None:

@@ -1,10 +1,14 @@
-"""Inputs of the dense family: fresh random parity and benchmark inputs (never zeros)
-and the family's parity shapes."""
+"""Inputs of the dense family: fresh random parity and benchmark inputs (never zeros),
+the family's parity shapes, and the parity cases of a dense variant's cell."""
 from __future__ import annotations
+
+import inspect
+from typing import Callable
 
 import torch
 
-from ...core.entry import shapes
+from ...core.entry import ParityCase, Shape, shapes
+from . import op
 
 # (T, B, D): B=1 and T=1, odd T and B, D not a multiple of 32, and the sizes the
 # persistent kernels take: the cluster design at D = 256..1024 in steps of 256 (B = 130
@@ -15,7 +19,6 @@ TEST_SHAPES = shapes(
     (9, 16, 1024), (13, 64, 512), (5, 8, 768), (3, 2, 2048), (6, 64, 1024), (4, 130, 1024),
     (6, 20, 2048), (5, 64, 2048), (4, 70, 2048),
 )
-
 
 
 def random_inputs(T: int, B: int, D: int, names: tuple[str, ...], device, generator,
@@ -42,3 +45,25 @@ def random_inputs(T: int, B: int, D: int, names: tuple[str, ...], device, genera
         else:
             out[n] = make[n]()
     return {k: v.requires_grad_() for k, v in out.items()}
+
+
+def reference_inputs(reference: Callable, shape: Shape, device, generator) -> dict[str, torch.Tensor]:
+    """Fresh fp64 inputs for every argument of a dense reference, by name (see
+    `random_inputs`): time-major activations and gates [T, B, D], weights [D, D], biases
+    [D], the initial state h0 [B, D]."""
+    names = tuple(inspect.signature(reference).parameters)
+    return random_inputs(shape.T, shape.B, shape.D, names, device, generator)
+
+
+def time_major(name: str, t: torch.Tensor) -> bool:
+    """Whether a reference input has one slice per step ([T, B, D]: activations, gates)."""
+    return t.dim() == 3
+
+
+def parity_cases(reference: Callable, cell: Callable, shape: Shape, dtype: torch.dtype, device,
+                 generator) -> list[ParityCase]:
+    """A dense variant's parity cases: its `cell` (with backend="cuda") on each path that
+    takes this size against its `reference`, on the same fresh inputs."""
+    kw = reference_inputs(reference, shape, device, generator)
+    return [ParityCase(kw, lambda p=p, **a: cell(**a, backend="cuda", path=p), reference,
+                       ("out", "h_T"), "cuda:" + p) for p in op.paths(shape.B, shape.D, dtype)]
