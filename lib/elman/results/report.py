@@ -25,11 +25,6 @@ IMPL_STYLE = {
 }
 
 
-def run_note(run: Path) -> str:
-    f = Path(run) / "run.json"
-    return json.loads(f.read_text()).get("note", "") if f.exists() else ""
-
-
 def provenance(run: Path, env: dict) -> str:
     """How the run's code relates to its commit: from the source blobs its run.json records
     (checked against the commit with git where it is available), else the dirty flag."""
@@ -45,15 +40,21 @@ def provenance(run: Path, env: dict) -> str:
 
 def describe(run: Path | str | None) -> str:
     """One line on a run: its folder name (never a host path), GPU, driver, torch, CUDA,
-    commit and how the code it ran relates to that commit, then its note."""
+    commit and how the code it ran relates to that commit. A folder that gathers records of
+    several commits (the consolidated kernel versions) gives their number and dates."""
     if run is None:
         return "No GPU run with these records exists yet."
     run = Path(run)
     recs = records.read([run]) if (run / "records.jsonl").is_file() else []
+    commits = {str(r["env"].get("commit")) for r in recs}
+    if len(commits) > 1:
+        days = sorted(r["time"][:10] for r in recs)
+        gpus = ", ".join(sorted({str(r["env"].get("gpu")) for r in recs}))
+        return (f"Run `{run.name}`: {len(recs)} records of {len(commits)} commits and working trees, "
+                f"{days[0]} to {days[-1]}, on {gpus}.")
     e = recs[0]["env"] if recs else {}
     return (f"Run `{run.name}`: {e.get('gpu')}, driver {e.get('driver')}, torch {e.get('torch')}, "
-            f"CUDA {e.get('cuda')}, commit {e.get('commit')}{provenance(run, e)}. "
-            f"{run_note(run)}")
+            f"CUDA {e.get('cuda')}, commit {e.get('commit')}{provenance(run, e)}.")
 
 
 # ---- tables (markdown) -----------------------------------------------------------------
