@@ -67,3 +67,12 @@ def test_read_log_keeps_the_last_line_per_step(tmp_path):
     cols = results.read_log(run, row)
     assert cols["step"] == [10, 20, 30] and cols["loss"][-1] == 2.5
     assert cols["val_step"] == [30] and cols["val_loss"] == [2.7]
+
+
+def test_seed_results_are_a_data_file_with_sources():
+    rows = results.seed_results()
+    assert rows and all(r["source"].startswith("seed documents") and r["unit"] for r in rows)
+    e1 = {r["metric"]: r["value"] for r in results.seed_results("E1", "d1280x6")}
+    assert e1["last-100 loss (low)"] <= e1["last-100 loss (high)"]
+    assert e1["tokens/s (low)"] <= e1["tokens/s (high)"]
+    assert results.seed_results("E1", "no such config") == []

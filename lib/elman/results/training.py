@@ -105,3 +105,16 @@ def main(args: argparse.Namespace) -> int:
     else:
         print(markdown(table), end="")
     return 0
+
+
+SEEDS = records.ROOT / "book" / "data" / "seed_results.csv"
+
+
+def seed_results(level: str | None = None, config: str | None = None) -> list[dict]:
+    """The seed documents' reported figures (book/data/seed_results.csv: level, config,
+    metric, value, unit, source, notes), optionally of one level and config. They are the
+    seed's claims on other data and GPUs, quoted for comparison, not measurements here."""
+    with open(SEEDS, newline="") as f:
+        rows = [{**r, "value": float(r["value"])} for r in csv.DictReader(f)]
+    return [r for r in rows if (level is None or r["level"] == level)
+            and (config is None or r["config"] == config)]
