@@ -48,7 +48,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core.entry import DTYPES, Entry, ParityCase, Shape, run_case, shapes
-from .common import TRITON_TOLERANCE, autocast_dtype, check_backend, no_state, require_cuda
+from .common import (TRITON_TOLERANCE, autocast_dtype, check_backend, check_sequence, check_tensors,
+                     no_state, require_cuda)
 
 FLA_VERSION = "0.6.0"
 DQKWG_MODES = ("auto", "torch", "triton", "triton-unguarded")
@@ -244,7 +245,12 @@ def reference(q, k, v, a, b, A_log, dt_bias, h0=None):
 
 def chunked(q, k, v, a, b, A_log, dt_bias, h0=None):
     """The fast path on the same inputs: FLA's chunk kernels, called as GatedDeltaNet calls
-    them (norms, sigmoid and gate inside the kernels, state [B, H, V, K])."""
+    them (norms, sigmoid and gate inside the kernels, state [B, H, V, K]). The inputs are
+    checked first: the kernels do not check them."""
+    check_tensors("fla-gdn", {"q": "b t h k", "k": "b t h k", "v": "b t h v", "a": "b t h",
+                              "b": "b t h", "A_log": "h", "dt_bias": "h", "h0": "b h v k"},
+                  dict(q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, h0=h0),
+                  same_dtype=("q", "k", "v", "a", "b"))
     chunk = fla().ops.gated_delta_rule.chunk_gated_delta_rule
     _check_dispatch()
     return chunk(q, k, v, g=a, beta=b, initial_state=None if h0 is None else h0.float(),
@@ -312,6 +318,7 @@ class GatedDeltaNet(nn.Module):
 
     def forward(self, y: torch.Tensor, state=None):
         no_state(state, "fla-gdn")
+        check_sequence("fla-gdn", y, self.block.hidden_size)
         if self.backend == "reference":
             return reference_forward(self.block, y), None
         require_cuda(y, "fla-gdn", "flash-linear-attention's Triton kernels")

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core.entry import Entry, ParityCase, Shape, Tolerance, shapes
-from .common import autocast_dtype, check_backend, no_state
+from .common import autocast_dtype, check_backend, check_sequence, check_tensors, no_state
 
 HEAD_DIM = 64
 THETA = 10000.0
@@ -55,6 +55,10 @@ def attention_reference(q, k, v):
 
 
 def attention_sdpa(q, k, v):
+    """PyTorch's fused causal attention on [B, H, T, hd] (any device; inputs checked first)."""
+    check_tensors("llama", {"q": "b h t e", "k": "b h t e", "v": "b h t e"}, dict(q=q, k=k, v=v),
+                  same_dtype=("q", "k", "v"), cuda=False,
+                  dtypes=(torch.float32, torch.float16, torch.bfloat16, torch.float64))
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
@@ -89,6 +93,7 @@ class Llama(nn.Module):
 
     def forward(self, a: torch.Tensor, state=None):
         no_state(state, "llama")
+        check_sequence("llama", a, self.w_o.shape[0])
         dt = autocast_dtype(a)
         B, T, _ = a.shape
         a = a.to(dt)

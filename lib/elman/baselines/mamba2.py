@@ -30,7 +30,8 @@ from torch import nn
 
 from ..core.mamba import load as load_mamba
 from ..core.entry import Entry, ParityCase, Shape, shapes
-from .common import TRITON_TOLERANCE, autocast_dtype, check_backend, no_state, require_cuda
+from .common import (TRITON_TOLERANCE, autocast_dtype, check_backend, check_sequence, check_tensors,
+                     no_state, require_cuda)
 
 CHUNK = 256
 IMPL = "mamba-ssm-2.3.2:ssd-triton"  # what `backend="cuda"` runs, for records
@@ -65,7 +66,11 @@ def ssd_reference(x, dt, A, B, C, D=None, dt_bias=None, initial_states=None):
 
 def chunked(x, dt, A, B, C, D, dt_bias, initial_states):
     """mamba-ssm's Triton SSD scan on the same inputs (A, D, dt_bias in fp32 as the layer
-    holds them)."""
+    holds them). The inputs are checked first: the kernels do not check them."""
+    check_tensors("mamba2", {"x": "b l h p", "dt": "b l h", "A": "h", "B": "b l g n",
+                             "C": "b l g n", "D": "h", "dt_bias": "h", "initial_states": "b h p n"},
+                  dict(x=x, dt=dt, A=A, B=B, C=C, D=D, dt_bias=dt_bias, initial_states=initial_states),
+                  same_dtype=("x", "dt", "B", "C", "initial_states"))
     load_mamba()
     from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
 
@@ -119,6 +124,7 @@ class Mamba2Layer(nn.Module):
 
     def forward(self, y: torch.Tensor, state=None):
         no_state(state, "mamba2")
+        check_sequence("mamba2", y, self.block.d_model)
         if self.backend == "reference":
             return reference_forward(self.block, y), None
         require_cuda(y, "mamba2", "mamba-ssm's Triton kernels")

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from ..core.entry import Entry, ParityCase, Shape, Tolerance, shapes
-from .common import DTYPES, autocast_dtype, check_backend
+from .common import DTYPES, autocast_dtype, check_backend, check_sequence, check_tensors
 
 GATES = {"gru": 3, "lstm": 4}
 
@@ -71,9 +71,19 @@ def _exact_fp32(on: bool):
 def _cudnn(module: nn.RNNBase, x, w_ih, w_hh, b_ih, b_hh, h0, c0=None):
     """cuDNN's RNN (the structure of `module`) with explicit weights, in x's dtype, outside
     autocast: returns (h [T, B, D], h_T[, c_T]). The weights are cast per call, so cuDNN
-    packs them into its flat buffer per call (the warning that says so is expected)."""
-    weights = {"weight_ih_l0": w_ih, "weight_hh_l0": w_hh, "bias_ih_l0": b_ih, "bias_hh_l0": b_hh}
+    packs them into its flat buffer per call (the warning that says so is expected). The
+    inputs are checked first (cuDNN takes one dtype, a CUDA device and no empty size)."""
     lstm = isinstance(module, nn.LSTM)
+    level = "lstm" if lstm else "gru"
+    sizes = check_tensors(level, {"x": "t b i", "w_ih": "gd i", "w_hh": "gd d", "b_ih": "gd",
+                                  "b_hh": "gd", "h0": "b d", "c0": "b d"},
+                          dict(x=x, w_ih=w_ih, w_hh=w_hh, b_ih=b_ih, b_hh=b_hh, h0=h0, c0=c0),
+                          same_dtype=("x", "w_ih", "w_hh", "b_ih", "b_hh", "h0", "c0"),
+                          cuda=False, dtypes=(torch.float32, torch.float16, torch.bfloat16, torch.float64))
+    if sizes["gd"] != GATES[level] * sizes["d"] or (lstm and c0 is None):
+        raise ValueError(f"{level}: w_ih, w_hh, b_ih, b_hh must have {GATES[level]} x {sizes['d']} rows "
+                         f"(got {sizes['gd']}){'; the LSTM needs c0' if lstm and c0 is None else ''}")
+    weights = {"weight_ih_l0": w_ih, "weight_hh_l0": w_hh, "bias_ih_l0": b_ih, "bias_hh_l0": b_hh}
     hx = (h0[None], c0[None]) if lstm else h0[None]
     with torch.autocast(x.device.type, enabled=False), _exact_fp32(x.dtype == torch.float32), \
             warnings.catch_warnings():
@@ -115,6 +125,7 @@ class CuDNNRNN(nn.Module):
         return [p.to(dtype) for p in (r.weight_ih_l0, r.weight_hh_l0, r.bias_ih_l0, r.bias_hh_l0)]
 
     def forward(self, y: torch.Tensor, state=None):
+        check_sequence(self.cell, y, self.dim)
         if self.backend == "cuda" and y.device.type != "cuda":
             raise RuntimeError(f"{self.cell} with backend='cuda' runs cuDNN, which needs CUDA "
                                "tensors; use backend='reference' on this machine")

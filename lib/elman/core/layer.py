@@ -48,6 +48,14 @@ def inner_width(dim: int, expansion: float) -> int:
     return D
 
 
+def check_sequence(name: str, y: torch.Tensor, dim: int) -> None:
+    """A layer's input must be [B, T, dim] with B >= 1 and T >= 1: a clear error otherwise
+    (an empty batch or sequence raises; it is never passed to a kernel)."""
+    if y.dim() != 3 or y.shape[0] < 1 or y.shape[1] < 1 or y.shape[2] != dim:
+        raise ValueError(f"{name} input must be [B, T, dim={dim}] with B >= 1 and T >= 1, "
+                         f"got shape {tuple(y.shape)}")
+
+
 def recurrent_weight(D: int, r_h_mode: str = "spectral_norm", spectral_radius: float = 0.99,
                      r_h_init_gain: float = 0.1) -> RecurrentWeight:
     """W_h [D, D] with the layer options of its parametrisation (core.spectral)."""
@@ -110,9 +118,7 @@ class RecurrentLayer(nn.Module):
     def check(self, y: torch.Tensor, h0: torch.Tensor | None) -> None:
         """Clear errors for an input the layer cannot take, and for a parameter replaced by
         one of another shape since construction."""
-        if y.dim() != 3 or y.shape[0] < 1 or y.shape[1] < 1 or y.shape[2] != self.dim:
-            raise ValueError(f"{type(self).__name__} input must be [B, T, dim={self.dim}] with "
-                             f"B >= 1 and T >= 1, got shape {tuple(y.shape)}")
+        check_sequence(type(self).__name__, y, self.dim)
         if h0 is not None and tuple(h0.shape) != (y.shape[0], self.inner):
             raise ValueError(f"h0 must be [B, D] = {(y.shape[0], self.inner)}, got {tuple(h0.shape)}")
         for name, p in self.named_parameters():
