@@ -6,10 +6,10 @@ from __future__ import annotations
 import torch
 
 from ..core.entry import DTYPES, Tolerance
-from ..core.layer import autocast_dtype, check_backend, check_sequence
+from ..core.layer import autocast_dtype, check_backend, check_sequence, inner_width
 
-__all__ = ["autocast_dtype", "check_backend", "check_sequence", "check_tensors", "require_cuda",
-           "no_state", "DTYPES", "TRITON_TOLERANCE"]
+__all__ = ["autocast_dtype", "check_backend", "check_sequence", "check_tensors", "inner_width",
+           "require_cuda", "no_state", "DTYPES", "TRITON_TOLERANCE"]
 FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 
 # mamba2 and fla-gdn against their fp64 references. fp32: Triton's tl.dot multiplies fp32

@@ -49,7 +49,7 @@ from torch import nn
 
 from ..core.entry import DTYPES, Entry, ParityCase, Shape, run_case, shapes
 from .common import (TRITON_TOLERANCE, autocast_dtype, check_backend, check_sequence, check_tensors,
-                     no_state, require_cuda)
+                     inner_width, no_state, require_cuda)
 
 FLA_VERSION = "0.6.0"
 DQKWG_MODES = ("auto", "torch", "triton", "triton-unguarded")
@@ -299,6 +299,7 @@ class GatedDeltaNet(nn.Module):
                  n_heads: int | None = None, layer_idx: int | None = None):
         super().__init__()
         check_backend(backend)
+        inner_width(dim, expansion)
         nh = heads(dim, n_heads)
         K = dim // nh
         if not float(K * expansion).is_integer():

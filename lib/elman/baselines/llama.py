@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core.entry import Entry, ParityCase, Shape, Tolerance, shapes
-from .common import autocast_dtype, check_backend, check_sequence, check_tensors, no_state
+from .common import autocast_dtype, check_backend, check_sequence, check_tensors, inner_width, no_state
 
 HEAD_DIM = 64
 THETA = 10000.0
@@ -80,6 +80,7 @@ class Llama(nn.Module):
     def __init__(self, dim: int, expansion: float = 1.0, backend: str = "cuda"):
         super().__init__()
         check_backend(backend)
+        inner_width(dim, expansion)
         self.backend = backend
         self.heads, ffn = widths(dim, expansion)
         A = self.heads * HEAD_DIM

@@ -31,7 +31,7 @@ from torch import nn
 from ..core.mamba import load as load_mamba
 from ..core.entry import Entry, ParityCase, Shape, shapes
 from .common import (TRITON_TOLERANCE, autocast_dtype, check_backend, check_sequence, check_tensors,
-                     no_state, require_cuda)
+                     inner_width, no_state, require_cuda)
 
 CHUNK = 256
 IMPL = "mamba-ssm-2.3.2:ssd-triton"  # what `backend="cuda"` runs, for records
@@ -108,6 +108,7 @@ class Mamba2Layer(nn.Module):
                  d_state: int = 64, headdim: int = 64, layer_idx: int | None = None):
         super().__init__()
         check_backend(backend)
+        inner_width(dim, expansion)
         # Mamba2 sets d_inner = expand * d_model; the exact fraction D_i / dim keeps it an
         # integer for any expansion (an int when the expansion is whole).
         ratio = Fraction(inner(dim, expansion, headdim), dim)

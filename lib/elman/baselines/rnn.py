@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from ..core.entry import Entry, ParityCase, Shape, Tolerance, shapes
-from .common import DTYPES, autocast_dtype, check_backend, check_sequence, check_tensors
+from .common import DTYPES, autocast_dtype, check_backend, check_sequence, check_tensors, inner_width
 
 GATES = {"gru": 3, "lstm": 4}
 
@@ -102,6 +102,7 @@ class CuDNNRNN(nn.Module):
                  rnn_dtype: str | torch.dtype | None = None):
         super().__init__()
         check_backend(backend)
+        inner_width(dim, expansion)
         if isinstance(rnn_dtype, str):
             if rnn_dtype not in DTYPES:
                 raise ValueError(f"rnn_dtype must be one of {tuple(DTYPES)} or None, got {rnn_dtype!r}")
