@@ -361,8 +361,8 @@ def run_workers(n: int, todo: list[Job], args: argparse.Namespace, log_dir: Path
 
 def default_workers() -> int:
     """The CPUs, at most MAX_WORKERS, and at most one per WORKER_GIB of GPU memory: on the
-    H100 (80 GB) 16 workers ran out of memory at B=64, D=2048 (run 20261122T095056Z), where
-    one worker held up to 10 GiB."""
+    H100 (80 GB) 16 workers ran out of memory at B=64, D=2048, where one worker held up to
+    10 GiB."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     n = min(MAX_WORKERS, cpus)
     if torch.cuda.is_available():
