@@ -1,28 +1,28 @@
 // The persistent forward and backward kernels from a plain CUDA program (no Python, no
 // torch), for compute-sanitizer's racecheck: under a Python process that has loaded torch,
-// racecheck of CUDA 13.0 stops with an internal error on these kernels (runs
-// 20261122T102755Z, 20261122T120100Z_f37f80e_dev-racecheck-probe); from this program it
-// checks them (run 20261122T134300Z_347088e_dev-s5-racecheck-xchg's notes). gpu_pass.sh's
-// `sanitize` stage builds and runs it:
+// racecheck of CUDA 13.0 stops with an internal error on these kernels; from this program it
+// checks them. gpu_pass.sh's `sanitize` stage builds and runs it:
 //
 //   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -lineinfo -gencode=arch=compute_90a,code=sm_90a \
-//     -Ilib/csrc scripts/sanitize_persistent.cu lib/csrc/dense_persistent.cu \
-//     lib/csrc/dense_grid.cu -o sanitize_persistent
+//     -Ilib/csrc scripts/sanitize_persistent.cu lib/csrc/dense/persistent.cu \
+//     lib/csrc/dense/steps.cu -o sanitize_persistent
 //   compute-sanitizer --tool racecheck --error-exitcode 1 ./sanitize_persistent [T,B,D ...]
 //
 // Each shape runs the forward, then the backward on its h_all, on random bf16 inputs. The
-// default shapes are the parity suite's that take the persistent path (common.py's
-// DENSE_TEST_SHAPES), with T cut to at most 6: five exchanges reach both phases of both
+// default shapes are the parity suite's that take the persistent path (the dense family's
+// TEST_SHAPES), with T cut to at most 6: five exchanges reach both phases of both
 // state buffers' barriers, which is all the protocol has; racecheck is slow. The grid design
 // (D = 2048) runs with T = 4 (three fetches reach both phases of its barriers) at 8 and 16
-// batch columns (its mma.sync multiply, one and two n-tiles) and at 32 and 64 (wgmma).
+// batch columns (its mma.sync multiply, one and two n-tiles) and at 32 and 64 (wgmma). The
+// epilogue is E0/E1's (tanh_silu_gate, one gate input z).
 #include <cuda_bf16.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
 
-#include "dense.h"
+#include "dense/dense.h"
+#include "dense/epilogues.cuh"
 
 namespace {
 
@@ -50,9 +50,11 @@ __nv_bfloat16* random_bf16(size_t n, float scale, unsigned& seed) {
   return dev;
 }
 
+constexpr int kEpilogue = elman::TanhSiluGate<true>::kId;
+
 bool run(const Shape& s) {
-  const auto fwd = elman::dense_persistent_plan(s.B, s.D, false);
-  const auto bwd = elman::dense_persistent_plan(s.B, s.D, true);
+  const auto fwd = elman::dense_persistent_plan(kEpilogue, s.B, s.D, false);
+  const auto bwd = elman::dense_persistent_plan(kEpilogue, s.B, s.D, true);
   if (!fwd.ok || !bwd.ok) {
     std::fprintf(stderr, "T=%d B=%d D=%d: the persistent kernels do not take it: %s\n", s.T, s.B,
                  s.D, fwd.ok ? bwd.reason : fwd.reason);
@@ -76,13 +78,17 @@ bool run(const Shape& s) {
   void *xf = output(fwd.xchg_bytes), *xb = output(bwd.xchg_bytes);
   for (void* p : owned)
     if (p == nullptr) return check(cudaErrorMemoryAllocation, "allocation", s);
-  bool ok = check(elman::dense_persistent_forward(nullptr, elman::kTanhSiluGate, s.T, s.B, s.D, wx,
-                                                  z, w, b, h0, out, h_all, xf),
-                  "forward", s) &&
+  elman::DenseForward f;
+  f.steps = s.T; f.batch = s.B; f.dim = s.D;
+  f.wx = wx; f.gates[0] = z; f.w_h = w; f.b = b; f.h0 = h0; f.out = out; f.h_all = h_all;
+  f.xchg = xf;
+  elman::DenseBackward g;
+  g.steps = s.T; g.batch = s.B; g.dim = s.D;
+  g.w_h = w; g.h_all = h_all; g.gates[0] = z; g.d_out = d_out; g.d_hT = d_hT; g.dv = dv;
+  g.d_gates[0] = dz; g.dh0 = dh0; g.xchg = xb;
+  bool ok = check(elman::dense_persistent_forward(kEpilogue, f), "forward", s) &&
             check(cudaDeviceSynchronize(), "forward", s) &&
-            check(elman::dense_persistent_backward(nullptr, elman::kTanhSiluGate, s.T, s.B, s.D, w,
-                                                   h_all, z, d_out, d_hT, dv, dz, dh0, xb),
-                  "backward", s) &&
+            check(elman::dense_persistent_backward(kEpilogue, g), "backward", s) &&
             check(cudaDeviceSynchronize(), "backward", s);
   if (ok && fwd.cluster == 1)
     std::printf("T=%d B=%d D=%d (%s design: %d CTAs, %d batch columns): forward + backward ran\n",

@@ -1,9 +1,15 @@
-"""The compiled CUDA extension: built on first use, cached, and never replaced silently.
+"""The compiled CUDA extensions: one per kernel family, built on first use, cached, and never
+replaced silently.
 
-`load()` compiles `lib/csrc/*.cu` and `*.cpp` (the binding and the cuBLAS host loop) with
-`torch.utils.cpp_extension.load` (ninja), caches the build under
-`$ELMAN_BUILD_DIR` (default `~/.cache/elman/<torch>-<cuda>-sm<cc>`), and prints how long
-the build took and for which target. Everything that needs a GPU raises
+`load("dense")` compiles `lib/csrc/dense/` (kernels, the cuBLAS host loop, the binding) with
+the shared headers of `lib/csrc/common/` into the module `elman_dense`; `load("dense",
+jitter=True)` builds the same sources with ELMAN_JITTER as `elman_dense_jitter` (only the
+race test uses it); `load("dev")` builds `elman_dev`: the synchronisation probes of
+`lib/csrc/dev/` and the dense persistent forward with its trace (ELMAN_TRACE), which the
+production module does not contain. A compile error in one family's folder cannot break
+another's module. Builds use `torch.utils.cpp_extension.load` (ninja), are cached under
+`$ELMAN_BUILD_DIR` (default `~/.cache/elman/<torch>-<cuda>-sm<cc>/<module>`), and print how
+long they took and for which target. Everything that needs a GPU raises
 `ExtensionUnavailable` with what to do instead; nothing falls back to the reference.
 """
 from __future__ import annotations
@@ -12,14 +18,15 @@ import contextlib
 import os
 import time
 from pathlib import Path
+from types import ModuleType
 
 import torch
 
-CSRC = Path(__file__).resolve().parent.parent / "csrc"
-_ext = None
-_ext_jitter = None
+CSRC = Path(__file__).resolve().parent.parent.parent / "csrc"
+NAMES = ("dense", "dev")
+_modules: dict[str, ModuleType] = {}
 _poison = False
-build_seconds: float | None = None
+build_seconds: dict[str, float] = {}
 
 
 class ExtensionUnavailable(RuntimeError):
@@ -39,20 +46,39 @@ def build_dir(cc: tuple[int, int]) -> Path:
     return root / tag
 
 
-def load(verbose: bool = False, jitter: bool = False):
-    """Build (first call) or load the extension; raise a clear error when impossible.
+def module_name(name: str = "dense", jitter: bool = False) -> str:
+    """The Python module a build produces: elman_dense, elman_dense_jitter, elman_dev."""
+    if name not in NAMES:
+        raise ValueError(f"unknown extension {name!r}; one of {NAMES}")
+    if jitter and name != "dense":
+        raise ValueError("the jitter build exists for the dense family only")
+    return f"elman_{name}" + ("_jitter" if jitter else "")
 
-    `jitter=True` builds a second module, `elman_cuda_jitter`, whose persistent kernels sleep
-    pseudo-random times at their synchronisation points (ELMAN_JITTER in
-    lib/csrc/cluster.cuh); only tests/test_jitter_gpu.py uses it."""
-    global _ext, _ext_jitter, build_seconds
-    if jitter and _ext_jitter is not None:
-        return _ext_jitter
-    if not jitter and _ext is not None:
-        return _ext
+
+def sources(name: str = "dense") -> tuple[list[Path], list[str], list[str]]:
+    """(source files, defines, extra linker flags) of one extension."""
+    dense = CSRC / "dense"
+    if name == "dense":
+        return sorted((*dense.glob("*.cu"), *dense.glob("*.cpp"))), [], ["-lcublas"]
+    if name == "dev":  # probes + the traced persistent forward (no cuBLAS: no per-step path)
+        dev = sorted((*(CSRC / "dev").glob("*.cu"), *(CSRC / "dev").glob("*.cpp")))
+        return dev + [dense / "persistent.cu", dense / "steps.cu"], ["-DELMAN_TRACE"], []
+    raise ValueError(f"unknown extension {name!r}; one of {NAMES}")
+
+
+def load(name: str = "dense", jitter: bool = False, verbose: bool = False) -> ModuleType:
+    """Build (first call) or load one extension; raise a clear error when impossible.
+
+    `name` is "dense" (the dense family's kernels and binding) or "dev" (probes and traces).
+    `jitter=True` builds the dense module whose persistent kernels sleep pseudo-random times
+    at their synchronisation points (ELMAN_JITTER in lib/csrc/common/cluster.cuh); only
+    tests/test_jitter_gpu.py uses it."""
+    module = module_name(name, jitter)
+    if module in _modules:
+        return _modules[module]
     if not torch.cuda.is_available():
         raise ExtensionUnavailable(
-            "the elman CUDA extension needs a CUDA GPU and none is visible; "
+            f"the elman CUDA extension {module} needs a CUDA GPU and none is visible; "
             "use backend='reference' on this machine")
     if torch.version.cuda is None:
         raise ExtensionUnavailable("this torch build has no CUDA support; install a CUDA build of torch")
@@ -61,25 +87,25 @@ def load(verbose: bool = False, jitter: bool = False):
         raise ExtensionUnavailable(f"the kernels need compute capability >= 8.0, this GPU has {cc}")
     from torch.utils.cpp_extension import load as cpp_load
 
-    sources = sorted(str(p) for p in (*CSRC.glob("*.cpp"), *CSRC.glob("*.cu")))
-    out = build_dir(cc) / "jitter" if jitter else build_dir(cc)
+    files, defines, ldflags = sources(name)
+    defines = defines + (["-DELMAN_JITTER"] if jitter else [])
+    out = build_dir(cc) / module
     out.mkdir(parents=True, exist_ok=True)
-    flags = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-lineinfo", *_arch_flags(cc)]
-    flags += ["-DELMAN_JITTER"] if jitter else []
+    flags = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-lineinfo", *_arch_flags(cc), *defines]
     t0 = time.perf_counter()
     try:
-        ext = cpp_load(name="elman_cuda_jitter" if jitter else "elman_cuda", sources=sources,
-                       build_directory=str(out), extra_cflags=["-O3", "-std=c++17"],
-                       extra_cuda_cflags=flags, extra_ldflags=["-lcublas"], verbose=verbose)
+        ext = cpp_load(name=module, sources=[str(p) for p in files], build_directory=str(out),
+                       extra_include_paths=[str(CSRC)], extra_cflags=["-O3", "-std=c++17", *defines],
+                       extra_cuda_cflags=flags, extra_ldflags=ldflags, verbose=verbose)
     except Exception as exc:  # compiler output is in the exception text
-        raise ExtensionUnavailable(f"building the elman CUDA extension failed: {exc}") from exc
+        raise ExtensionUnavailable(
+            f"building the elman CUDA extension {module} failed (sources in {CSRC}; "
+            f"rerun with load({name!r}, verbose=True) for the compiler's output): {exc}") from exc
     seconds = time.perf_counter() - t0
-    print(f"elman: CUDA extension{' (jitter build)' if jitter else ''} ready in {seconds:.1f} s "
+    print(f"elman: CUDA extension {module} ready in {seconds:.1f} s "
           f"(target {' '.join(_arch_flags(cc))}, cache {out})", flush=True)
-    if jitter:
-        _ext_jitter = ext
-    else:
-        _ext, build_seconds = ext, seconds
+    _modules[module] = ext
+    build_seconds[module] = seconds
     return ext
 
 

@@ -1,5 +1,5 @@
-// The tensor-core pieces both persistent designs share (dense_persistent.cu: one cluster;
-// dense_grid.cu: a grid of 128 CTAs): bf16 mma.sync m16n8k16 with fp32 accumulation, a warp's
+// The tensor-core pieces the persistent designs share (dense/persistent.cuh: one cluster;
+// dense/grid.cuh: a grid of 128 CTAs): bf16 mma.sync m16n8k16 with fp32 accumulation, a warp's
 // W_h (or W_h^T) tile as A fragments in registers, its accumulators stored as partial sums
 // [column][row] in shared memory, and the warpgroup-wide wgmma of the grid design.
 #pragma once

@@ -27,24 +27,31 @@
 // CTA, and each CTA publishes s + 1 only after it finished reading s. A state buffer is
 // laid out [source CTA][batch column][64 + 8 padding], so that each source's slice is one
 // contiguous block and the mma B-fragment loads hit 32 distinct banks.
-// Per-step inputs (W_x x and z, or d_out, h and z) are staged three steps ahead with cp.async;
-// a thread reads its own and computes everything of the epilogue that does not depend on the
-// product (bias and gate; in backward the gate and tanh gradients) before the partial-sum
-// barrier: in forward while it waits for the state, in backward right after its multiply.
+// Per-step inputs (W_x x and the epilogue's kGates gate inputs, or d_out, h and the gate
+// inputs) are staged three steps ahead with cp.async; a thread reads its own and computes
+// everything of the epilogue that does not depend on the product (bias and gate; in backward
+// the gate and activation gradients) before the partial-sum barrier: in forward while it
+// waits for the state, in backward right after its multiply.
+//
+// Kernels and launch helpers are templates over the epilogue (dense/epilogues.cuh);
+// persistent.cu instantiates them for the production table.
+#pragma once
+
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include <cstdint>
 
-#include "cluster.cuh"
-#include "dense.h"
-#include "dense_cell.cuh"
-#include "dense_tile.cuh"
-
-namespace cg = cooperative_groups;
+#include "common/cluster.cuh"
+#include "common/mma.cuh"
+#include "dense/dense.h"
+#include "dense/epilogues.cuh"
+#include "dense/gate_args.cuh"
 
 namespace elman {
-namespace {
+namespace cluster_design {
+
+namespace cg = cooperative_groups;
 
 constexpr int kRows = 64;                 // rows of W_h per CTA (4 mma m-tiles)
 constexpr int kSrcRow = kRows + 8;        // bf16 per (source, batch column) row of a state
@@ -56,27 +63,29 @@ constexpr int kMTiles = 2;                // 16-row mma tiles per warp (2 x 16 =
 constexpr int kRedStride = kRows + 4;     // floats per (k-group, batch) row of partial sums
 // Per-step inputs are staged kLead steps ahead in a ring of kLead + 1 buffers: they come from
 // HBM, whose latency is about one step, so a lead of one step put its wait on the critical
-// path (measured, dev-s4g: 0.95 -> 0.74 us a step at B = 16, D = 512 without the staging).
+// path (measured: 0.95 us a step at B = 16, D = 512 without the staging, 0.74 with it).
 constexpr int kLead = 3;
 constexpr int kStages = kLead + 1;
 
 struct Args {
   int steps, batch, dim;
   const __nv_bfloat16* w;                 // W_h [D][D]
-  const __nv_bfloat16* b;                 // forward: bias [D]
+  const __nv_bfloat16* b;                 // forward: bias [D] (zeros for none)
   const __nv_bfloat16* wx;                // forward: W_x x [T][B][D]
-  const __nv_bfloat16* z;                 // [T][B][D]
+  const __nv_bfloat16* g0;                // the epilogue's first gate input [T][B][D]
   const __nv_bfloat16* h0;                // forward: [B][D]
   __nv_bfloat16* out;                     // forward: [T][B][D]
   __nv_bfloat16* h_all;                   // [T+1][B][D] (written forward, read backward)
   const __nv_bfloat16* d_out;             // backward: [T][B][D]
   const __nv_bfloat16* d_hT;              // backward: [B][D]
   __nv_bfloat16* dv;                      // backward: [T][B][D]
-  __nv_bfloat16* dz;                      // backward: [T][B][D]
+  __nv_bfloat16* dg0;                     // backward: its gradient [T][B][D]
   __nv_bfloat16* dh0;                     // backward: [B][D]
   __nv_bfloat16* xchg;                    // [clusters][ranks][2][bc][kSrcRow]: published slices
   long long* trace;                       // optional: per-step phase clocks of CTA 0
 };
+template <int kG>
+using ArgsFor = GateArgs<Args, kG>;
 
 // Phases of a step recorded by `trace` (clock64 at each boundary, kTracePhases per step).
 // After the T steps: clock64 and %globaltimer (ns) at kernel start and end, for the clock rate.
@@ -101,10 +110,13 @@ __device__ __forceinline__ void stamp(const Args& p, int slot) {
     p.trace[p.steps * kTracePhases + 2 * slot + 1] = globaltimer();
   }
 }
+
 // ---- the per-CTA machinery shared by forward and backward ---------------------------------
-// KS = D / 256; NT = bc / 8 mma n-tiles; kIn staged input tensors.
-template <int KS, int NT, int kIn>
+// KS = D / 256; NT = bc / 8 mma n-tiles; kGates gate inputs; staged input tensors: forward
+// wx and the gates, backward d_out, h and the gates.
+template <int KS, int NT, int kGates, bool kBackward>
 struct Cta {
+  static constexpr int kIn = (kBackward ? 2 : 1) + kGates;
   static constexpr int kBc = NT * 8;
   static constexpr int kDim = KS * 256;
   static constexpr int kRanks = kDim / kRows;                  // CTAs of the cluster
@@ -164,17 +176,18 @@ struct Cta {
   }
 
   // The staged [T][B][D] inputs, read from the kernel parameters when needed (they cost no
-  // registers): forward wx, z; backward d_out, h (h_all shifted by one step), z.
-  __device__ static const __nv_bfloat16* source(const Args& p, int k) {
-    if (kIn == 2) return k == 0 ? p.wx : p.z;
-    return k == 0 ? p.d_out : k == 1 ? p.h_all + size_t(p.batch) * kDim : p.z;
+  // registers): forward wx, gates; backward d_out, h (h_all shifted by one step), gates.
+  __device__ static const __nv_bfloat16* source(const ArgsFor<kGates>& p, int k) {
+    if (!kBackward) return k == 0 ? p.wx : gate_input<kGates>(p, k - 1);
+    return k == 0 ? p.d_out : k == 1 ? p.h_all + size_t(p.batch) * kDim
+                                     : gate_input<kGates>(p, k - 2);
   }
 
   // Stage step t of the inputs into input buffer i (live batches only), as one cp.async
   // group; `skip` commits an empty group (keeps the group count uniform). At 8 batch columns
   // the copies are issued by the last warps, away from warp 0, which also records the trace
-  // (dev-s10d: 0.74 -> 0.70 us a step at B = 4, D = 512; at 16 columns it was slower).
-  __device__ void stage_inputs(int i, const Args& p, int t, bool skip) {
+  // (measured: 0.74 -> 0.70 us a step at B = 4, D = 512; at 16 columns it was slower).
+  __device__ void stage_inputs(int i, const ArgsFor<kGates>& p, int t, bool skip) {
     const int batch = p.batch;
     __nv_bfloat16* dst = stage() + (i % kStages) * kIn * kSlice;
     const int first = NT == 1 ? kThreads - 1 - int(threadIdx.x) : int(threadIdx.x);
@@ -199,13 +212,13 @@ struct Cta {
   // The receiver side of exchange number e (into buffer e + 1): one mbarrier per source
   // CTA, each expecting one slice; lane 0 of warp w arms the barrier of source w. (Lanes
   // 0-15 of warp 0 arming all 16 held that warp up: 0.98 -> 0.89 us a step at B = 4,
-  // D = 1024 and 1.01 -> 0.96 at B = 16 when spread, dev-s10c.)
+  // D = 1024 and 1.01 -> 0.96 at B = 16 when spread.)
   __device__ void expect(int e) {
     const int w = int(threadIdx.x) >> 5;
     if (lane() == 0 && w < kRanks) mbar_expect(&bar()[((e + 1) & 1) * kRanks + w], kBlockBytes);
   }
   // Wait until source CTA `src`'s slice of exchange e has arrived. (A wait that kept the tensor
-  // pipe busy with dummy mma.sync between test_wait polls was 3-13 % slower a step, dev-s9c.)
+  // pipe busy with dummy mma.sync between test_wait polls was 3-13 % slower a step.)
   __device__ void wait_source(int e, int src) const {
     mbar_wait(&bar()[((e + 1) & 1) * kRanks + src], (e >> 1) & 1);
   }
@@ -236,7 +249,7 @@ struct Cta {
       const __nv_bfloat16* blk = src + (col / kRows) * kBlock + col % kRows;
       if constexpr (NT == 1) {
         // Two k-steps (32 columns; never across a slice, k0 being a multiple of 32) by one
-        // ldmatrix: 0.99-1.01 against 1.06-1.07 us a step at B = 16, D = 1024 (dev-s10a).
+        // ldmatrix: 0.99-1.01 against 1.06-1.07 us a step at B = 16, D = 1024.
         uint32_t b[4];
         ldmatrix_x4(b, smem_u32(blk + (lane_ & 7) * kSrcRow + 8 * (lane_ >> 3)));
 #pragma unroll
@@ -244,7 +257,7 @@ struct Cta {
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) mma(acc[1][mt][0], a[mt][s + 1], b[2], b[3]);
       } else {
-        // Two n-tiles: 32-bit loads (ldmatrix.x2 per n-tile was slower here, dev-s10a).
+        // Two n-tiles: 32-bit loads (ldmatrix.x2 per n-tile was slower here).
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
           const __nv_bfloat16* row = blk + (nt * 8 + (lane_ >> 2)) * kSrcRow + 2 * (lane_ & 3);
@@ -287,6 +300,20 @@ struct Cta {
       }
     }
   }
+  // The same for one plane (a backward without gates) and for three (two gates).
+  __device__ void store(const Args& p, __nv_bfloat16* x, const __nv_bfloat16 (&a)[kPerThread]) const {
+#pragma unroll
+    for (int k = 0; k < kPerThread; ++k) {
+      const int n = out_n(k), r = out_r(k);
+      if (n0 + n < p.batch) x[size_t(n0 + n) * kDim + row0 + r] = a[k];
+    }
+  }
+  __device__ void store(const Args& p, __nv_bfloat16* x, const __nv_bfloat16 (&a)[kPerThread],
+                        __nv_bfloat16* y, const __nv_bfloat16 (&b)[kPerThread],
+                        __nv_bfloat16* z, const __nv_bfloat16 (&c)[kPerThread]) const {
+    store(p, x, a, y, b);
+    store(p, z, c);
+  }
 
   // This CTA's slot for exchange e in the global staging buffer: [bc][kSrcRow].
   __device__ __nv_bfloat16* slot(const Args& p, int e) const {
@@ -296,8 +323,8 @@ struct Cta {
   // its writes visible to the async proxy; after the block barrier lane 0 of the last warp
   // issues a bulk copy that multicasts the slot from global memory (L2) into the same place
   // of buffer e + 1 of every CTA of the cluster, counted on each receiver's mbarrier of this
-  // source. (Measured, dev-s4e: faster than one 64-byte multicast per warp with no block
-  // barrier; dev-s10c: issued by the last warp rather than warp 0, 1 % faster.)
+  // source. (Measured: faster than one 64-byte multicast per warp with no block barrier;
+  // issued by the last warp rather than warp 0, 1 % faster.)
   // The barrier also ends every read of this step's partial sums and staged inputs, so the
   // next step may overwrite them.
   __device__ void publish(const Args& p, int e) const {
@@ -310,8 +337,8 @@ struct Cta {
 };
 
 template <int KS, int NT, class Epi, bool kTrace>
-__global__ void __launch_bounds__(kThreads, 1) forward_kernel(Args p) {
-  using C = Cta<KS, NT, 2>;  // staged inputs: wx, z
+__global__ void __launch_bounds__(kThreads, 1) forward_kernel(ArgsFor<Epi::kGates> p) {
+  using C = Cta<KS, NT, Epi::kGates, false>;  // staged inputs: wx, gates
   cg::cluster_group cluster = cg::this_cluster();
   extern __shared__ __align__(16) unsigned char smem[];
   C cta(smem, cluster);
@@ -343,12 +370,16 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(Args p) {
     if (!last) cta.expect(t);                     // h_t arrives as exchange t
     jitter(t, 1);
     const __nv_bfloat16* in = cta.inputs(t);
-    float pre_v[C::kPerThread], pre_g[C::kPerThread];  // wx + b and gate(z): before the product
+    float pre_v[C::kPerThread];                  // wx + b and the epilogue's part before the
+    typename Epi::Pre pre[C::kPerThread];        // product
 #pragma unroll
     for (int k = 0; k < C::kPerThread; ++k) {
       const int j = C::out_n(k) * kRows + C::out_r(k);
       pre_v[k] = to_float(in[j]) + bias[k];
-      pre_g[k] = Epi::gate(to_float(in[C::kSlice + j]));
+      Gates<Epi> g;
+#pragma unroll
+      for (int i = 0; i < Epi::kGates; ++i) g[i] = to_float(in[(1 + i) * C::kSlice + j]);
+      pre[k] = Epi::prepare(g);
     }
     cta.stage_inputs(t + kLead, p, t + kLead, t + kLead >= p.steps);
     jitter(t, 2);
@@ -366,7 +397,7 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(Args p) {
       const float h = Epi::act(cta.reduce(n, r) + pre_v[k]);
       hb[k] = __float2bfloat16_rn(h);
       slot[n * kSrcRow + r] = hb[k];
-      ob[k] = __float2bfloat16_rn(h * pre_g[k]);
+      ob[k] = __float2bfloat16_rn(Epi::output(h, pre[k]));
     }
     mark<kTrace>(p, t, 4);
     jitter(t, 4);
@@ -381,8 +412,9 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(Args p) {
 }
 
 template <int KS, int NT, class Epi>
-__global__ void __launch_bounds__(kThreads, 1) backward_kernel(Args p) {
-  using C = Cta<KS, NT, 3>;  // staged inputs: d_out_t, h_t (= h_all[t + 1]), z_t
+__global__ void __launch_bounds__(kThreads, 1) backward_kernel(ArgsFor<Epi::kGates> p) {
+  using C = Cta<KS, NT, Epi::kGates, true>;  // staged: d_out_t, h_t (= h_all[t + 1]), gates_t
+  constexpr int kG = Epi::kGates;
   cg::cluster_group cluster = cg::this_cluster();
   extern __shared__ __align__(16) unsigned char smem[];
   C cta(smem, cluster);
@@ -404,19 +436,22 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(Args p) {
     jitter(u, 2);
     if (u > 0) cta.multiply(u, u - 1, none);      // W_h^T dv_{t+1}: exchange u - 1
     jitter(u, 3);
-    // dv = (acc + c) f: c, f and dz need no product. Computed after this warp's multiply (its
-    // accumulators are dead: before it, at 16 batch columns, they would spill) while the
-    // other warps finish theirs.
+    // dv = (acc + c) f: c, f and the gate gradients need no product. Computed after this
+    // warp's multiply (its accumulators are dead: before it, at 16 batch columns, they would
+    // spill) while the other warps finish theirs.
     const __nv_bfloat16* in = cta.inputs(u);
     float pre_c[C::kPerThread], pre_f[C::kPerThread];
-    __nv_bfloat16 dzb[C::kPerThread];
+    __nv_bfloat16 dgb[kG > 0 ? kG : 1][C::kPerThread];  // the gate gradients
 #pragma unroll
     for (int k = 0; k < C::kPerThread; ++k) {
       const int j = C::out_n(k) * kRows + C::out_r(k);
-      float dz;
-      Epi::backward_parts(to_float(in[j]), to_float(in[C::kSlice + j]),
-                          to_float(in[2 * C::kSlice + j]), pre_c[k], pre_f[k], dz);
-      dzb[k] = __float2bfloat16_rn(dz);
+      const float d_out = to_float(in[j]), h = to_float(in[C::kSlice + j]);
+      Gates<Epi> g, dg;
+#pragma unroll
+      for (int i = 0; i < kG; ++i) g[i] = to_float(in[(2 + i) * C::kSlice + j]);
+      Epi::backward_parts(d_out, h, g, pre_c[k], pre_f[k], dg);
+#pragma unroll
+      for (int i = 0; i < kG; ++i) dgb[i][k] = __float2bfloat16_rn(dg[i]);
     }
     __syncthreads();  // partial sums complete
     __nv_bfloat16* slot = cta.slot(p, u);
@@ -433,7 +468,9 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(Args p) {
     C::wait_inputs();
     cta.publish(p, u);
     jitter(u, 5);
-    cta.store(p, p.dv + t * BD, dvb, p.dz + t * BD, dzb);
+    if constexpr (kG == 0) cta.store(p, p.dv + t * BD, dvb);
+    else if constexpr (kG == 1) cta.store(p, p.dv + t * BD, dvb, p.dg0 + t * BD, dgb[0]);
+    else cta.store(p, p.dv + t * BD, dvb, p.dg0 + t * BD, dgb[0], gate_grad<kG>(p, 1) + t * BD, dgb[1]);
   }
   // dh0 = W_h^T dv_0, exchange T - 1.
   cta.multiply(T, T - 1, none);
@@ -448,39 +485,48 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(Args p) {
   cluster.sync();
 }
 
-// ---- planning and launch -------------------------------------------------------------
-using KernelPtr = void (*)(Args);
+// ---- planning and launch (templates over the epilogue) ---------------------------------
+template <int kG>
+using KernelPtr = void (*)(ArgsFor<kG>);
 
 template <class Epi>
-KernelPtr pick(int ks, int nt, bool backward, bool trace = false) {
-#define ELMAN_CASE(KS, NT)                                                                   \
-  if (ks == KS && nt == NT)                                                                  \
-    return backward ? backward_kernel<KS, NT, Epi>                                           \
-                    : trace ? forward_kernel<KS, NT, Epi, true> : forward_kernel<KS, NT, Epi, false>;
+KernelPtr<Epi::kGates> pick(int ks, int nt, bool backward, bool trace = false) {
+#ifdef ELMAN_TRACE  // the traced forward exists in the development build only
+#define ELMAN_FORWARD(KS, NT) \
+  trace ? forward_kernel<KS, NT, Epi, true> : forward_kernel<KS, NT, Epi, false>
+#else
+#define ELMAN_FORWARD(KS, NT) trace ? nullptr : forward_kernel<KS, NT, Epi, false>
+#endif
+#define ELMAN_CASE(KS, NT) \
+  if (ks == KS && nt == NT) return backward ? backward_kernel<KS, NT, Epi> : ELMAN_FORWARD(KS, NT);
   ELMAN_CASE(1, 1) ELMAN_CASE(1, 2) ELMAN_CASE(2, 1) ELMAN_CASE(2, 2)
   ELMAN_CASE(3, 1) ELMAN_CASE(3, 2) ELMAN_CASE(4, 1) ELMAN_CASE(4, 2)
 #undef ELMAN_CASE
+#undef ELMAN_FORWARD
   return nullptr;
 }
 
-template <int KS>
+template <int KS, int kGates>
 int smem_for_ks(int nt, bool backward) {
-  if (nt == 1) return backward ? Cta<KS, 1, 3>::kSmem : Cta<KS, 1, 2>::kSmem;
-  return backward ? Cta<KS, 2, 3>::kSmem : Cta<KS, 2, 2>::kSmem;
+  if (nt == 1) return backward ? Cta<KS, 1, kGates, true>::kSmem : Cta<KS, 1, kGates, false>::kSmem;
+  return backward ? Cta<KS, 2, kGates, true>::kSmem : Cta<KS, 2, kGates, false>::kSmem;
 }
 
+template <int kGates>
 int smem_for(int ks, int nt, bool backward) {
   switch (ks) {
-    case 1: return smem_for_ks<1>(nt, backward);
-    case 2: return smem_for_ks<2>(nt, backward);
-    case 3: return smem_for_ks<3>(nt, backward);
-    default: return smem_for_ks<4>(nt, backward);
+    case 1: return smem_for_ks<1, kGates>(nt, backward);
+    case 2: return smem_for_ks<2, kGates>(nt, backward);
+    case 3: return smem_for_ks<3, kGates>(nt, backward);
+    default: return smem_for_ks<4, kGates>(nt, backward);
   }
 }
 
+template <class Epi>
 cudaError_t launch(const PersistentPlan& plan, int dim, bool backward, cudaStream_t stream,
-                   const Args& args) {
-  KernelPtr k = pick<TanhSiluGateT<true>>(dim / 256, plan.bc / 8, backward, args.trace != nullptr);
+                   const ArgsFor<Epi::kGates>& args) {
+  KernelPtr<Epi::kGates> k = pick<Epi>(dim / 256, plan.bc / 8, backward, args.trace != nullptr);
+  if (k == nullptr) return cudaErrorInvalidValue;  // a trace asked of a build without it
   if (args.trace != nullptr) {  // the plan set the attributes of the untraced kernel only
     const cudaError_t e = allow_cluster_launch(k, plan.smem, plan.cluster);
     if (e != cudaSuccess) return e;
@@ -492,15 +538,12 @@ cudaError_t launch(const PersistentPlan& plan, int dim, bool backward, cudaStrea
   return e == cudaSuccess ? cudaGetLastError() : e;
 }
 
-}  // namespace
-
-PersistentPlan dense_persistent_plan(int batch, int dim, bool backward) {
+// The cluster design's plan for epilogue Epi (D = 256..1024).
+template <class Epi>
+PersistentPlan make_plan(int batch, int dim, bool backward) {
   PersistentPlan plan;
-  int dev = 0, major = 0;
+  int dev = 0;
   cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  if (major < 9) { plan.reason = "needs compute capability 9.0+ (sm_90)"; return plan; }
-  if (dim == 2048) return dense_grid_plan(batch, dim, backward);
   if (dim % 256 != 0 || dim < 256 || dim > 1024) {
     plan.reason = "D must be 256, 512, 768, 1024 (one cluster) or 2048 (the grid design)";
     return plan;
@@ -508,16 +551,16 @@ PersistentPlan dense_persistent_plan(int batch, int dim, bool backward) {
   if (batch < 1) { plan.reason = "B must be at least 1"; return plan; }
   if (size_t(batch) * dim >= (size_t(1) << 31)) { plan.reason = "B * D must be below 2^31"; return plan; }
   plan.cluster = dim / kRows;
-  // Clusters of each shape the GPU holds at once, asked once per process and device.
+  // Clusters of each shape the GPU holds at once, asked once per process, device and epilogue.
   static int active_cache[8][5][3][2];
   static bool cached[8][5][3][2];
   for (int nt = 1; nt <= 2; ++nt) {
-    const int smem = smem_for(dim / 256, nt, backward);
+    const int smem = smem_for<Epi::kGates>(dim / 256, nt, backward);
     int& active = active_cache[dev & 7][dim / 256][nt][backward];
     if (!cached[dev & 7][dim / 256][nt][backward]) {
       cached[dev & 7][dim / 256][nt][backward] = true;
       active = 0;
-      KernelPtr k = pick<TanhSiluGateT<true>>(dim / 256, nt, backward);
+      KernelPtr<Epi::kGates> k = pick<Epi>(dim / 256, nt, backward);
       cudaLaunchAttribute attr[1];
       cudaLaunchConfig_t cfg = cluster_launch_config(plan.cluster, 1, kThreads, smem, nullptr, attr);
       if (allow_cluster_launch(k, smem, plan.cluster) != cudaSuccess ||
@@ -542,50 +585,24 @@ PersistentPlan dense_persistent_plan(int batch, int dim, bool backward) {
   return plan;
 }
 
-cudaError_t dense_persistent_forward(cudaStream_t stream, int epilogue, int steps, int batch,
-                                     int dim, const void* wx, const void* z, const void* w_h,
-                                     const void* b, const void* h0, void* out, void* h_all,
-                                     void* xchg, long long* trace) {
-  if (epilogue != kTanhSiluGate) return cudaErrorInvalidValue;
-  const PersistentPlan plan = dense_persistent_plan(batch, dim, false);
-  if (!plan.ok) return cudaErrorInvalidConfiguration;
-  if (plan.cluster == 1)
-    return dense_grid_forward(stream, steps, batch, wx, z, w_h, b, h0, out, h_all, xchg, trace);
-  Args a = {};
-  a.steps = steps; a.batch = batch; a.dim = dim;
-  a.w = static_cast<const __nv_bfloat16*>(w_h);
-  a.b = static_cast<const __nv_bfloat16*>(b);
-  a.wx = static_cast<const __nv_bfloat16*>(wx);
-  a.z = static_cast<const __nv_bfloat16*>(z);
-  a.h0 = static_cast<const __nv_bfloat16*>(h0);
-  a.out = static_cast<__nv_bfloat16*>(out);
-  a.h_all = static_cast<__nv_bfloat16*>(h_all);
-  a.xchg = static_cast<__nv_bfloat16*>(xchg);
+template <class Epi>
+cudaError_t forward(const PersistentPlan& plan, const DenseForward& f, long long* trace) {
+  ArgsFor<Epi::kGates> a = {};
+  set_forward<Epi::kGates>(a, f);
+  a.dim = f.dim;
+  a.xchg = static_cast<__nv_bfloat16*>(f.xchg);
   a.trace = trace;
-  return launch(plan, dim, false, stream, a);
+  return launch<Epi>(plan, f.dim, false, f.stream, a);
 }
 
-cudaError_t dense_persistent_backward(cudaStream_t stream, int epilogue, int steps, int batch,
-                                      int dim, const void* w_h, const void* h_all,
-                                      const void* z, const void* d_out, const void* d_hT,
-                                      void* dv, void* dz, void* dh0, void* xchg) {
-  if (epilogue != kTanhSiluGate) return cudaErrorInvalidValue;
-  const PersistentPlan plan = dense_persistent_plan(batch, dim, true);
-  if (!plan.ok) return cudaErrorInvalidConfiguration;
-  if (plan.cluster == 1)
-    return dense_grid_backward(stream, steps, batch, w_h, h_all, z, d_out, d_hT, dv, dz, dh0, xchg);
-  Args a = {};
-  a.steps = steps; a.batch = batch; a.dim = dim;
-  a.w = static_cast<const __nv_bfloat16*>(w_h);
-  a.z = static_cast<const __nv_bfloat16*>(z);
-  a.h_all = static_cast<__nv_bfloat16*>(const_cast<void*>(h_all));
-  a.d_out = static_cast<const __nv_bfloat16*>(d_out);
-  a.d_hT = static_cast<const __nv_bfloat16*>(d_hT);
-  a.dv = static_cast<__nv_bfloat16*>(dv);
-  a.dz = static_cast<__nv_bfloat16*>(dz);
-  a.dh0 = static_cast<__nv_bfloat16*>(dh0);
-  a.xchg = static_cast<__nv_bfloat16*>(xchg);
-  return launch(plan, dim, true, stream, a);
+template <class Epi>
+cudaError_t backward(const PersistentPlan& plan, const DenseBackward& g) {
+  ArgsFor<Epi::kGates> a = {};
+  set_backward<Epi::kGates>(a, g);
+  a.dim = g.dim;
+  a.xchg = static_cast<__nv_bfloat16*>(g.xchg);
+  return launch<Epi>(plan, g.dim, true, g.stream, a);
 }
 
+}  // namespace cluster_design
 }  // namespace elman

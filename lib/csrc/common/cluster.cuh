@@ -1,7 +1,7 @@
-// Thread-block-cluster helpers (sm_90) shared by the persistent kernels and the primitive
-// benchmarks: the timer, the jitter build's delays, shared-memory addresses, mbarriers, the
-// three ways one CTA can put bytes into another CTA's shared memory, and the cluster launch
-// configuration.
+// Thread-block-cluster helpers (sm_90) shared by the persistent kernels of every family and
+// the primitive benchmarks (dev/primitives.cu): the timer, the jitter build's delays,
+// shared-memory addresses, mbarriers, the three ways one CTA can put bytes into another CTA's
+// shared memory, and the cluster launch configuration.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -17,9 +17,10 @@ __device__ __forceinline__ long long globaltimer() {
   return t;
 }
 
-// The jitter build (ELMAN_JITTER; built and run only by tests/test_jitter_gpu.py): at each
-// synchronisation point of a step of either persistent design a quarter of the warps sleep a
-// pseudo-random 0-2 us, a different pattern per CTA, warp, step and point. The kernels'
+// The jitter build (ELMAN_JITTER: the extension elman_dense_jitter, built and run only by
+// tests/test_jitter_gpu.py): at each synchronisation point of a step of either persistent
+// design a quarter of the warps sleep a pseudo-random 0-2 us, a different pattern per CTA,
+// warp, step and point. The kernels'
 // arithmetic order does not depend on timing, so a race-free protocol gives bitwise the
 // results of the normal build; a race (a buffer read while it is overwritten, a slice used
 // before it arrived) shows up as a difference. It complements compute-sanitizer's racecheck

@@ -1,7 +1,7 @@
 // Persistent kernels of the dense family at D = 2048 (bf16, sm_90): the grid design.
 //
 // W_h (8 MiB of bf16) does not fit in one cluster, and at most 30 clusters of 4, 15 of 8 or
-// 7 of 16 CTAs fit on an H100 at once (run dev-s6-occupancy), so this design uses no
+// 7 of 16 CTAs fit on an H100 at once (measured occupancy), so this design uses no
 // clusters: 128 CTAs, all resident (a cooperative launch guarantees it), hold W_h (forward)
 // or W_h^T (backward) in registers for the whole sequence. CTA c owns the 64 rows
 // [64 r, 64 r + 64) (r = c / 4) and the quarter q = c % 4 of the columns, [512 q, 512 q + 512):
@@ -13,7 +13,7 @@
 //     a row). The state slices in shared memory are read by wgmma directly: their layout (swz
 //     below, 1024-byte aligned) is wgmma's K-major operand with 128-byte swizzle. mma.sync
 //     reads each A fragment anew for every 8 columns, wgmma once for all of them (the
-//     multiply took 1.3 us of a 6.3 us step on mma.sync at B = 64, run 20261122T150823Z).
+//     multiply took 1.3 us of a 6.3 us step on mma.sync at B = 64).
 // A step crosses L2 twice:
 //   1. fetch: the tile's columns are the state of row blocks 8q .. 8q + 7; warp (0, k) waits
 //      until the four producers of block 8q + k have published it (a counter per block,
@@ -24,7 +24,7 @@
 //      product to global memory, then counts it on its row block's partial counter.
 //   3. reduce and epilogue: CTA (r, q) finishes rows [64 r + 16 q, + 16) of the step: it
 //      waits for the four partials of row block r, adds them in the order q = 0..3 (the same
-//      sum on every run), applies the epilogue functor of dense_cell.cuh, writes its 16 rows
+//      sum on every run), applies the epilogue functor (epilogues.cuh), writes its 16 rows
 //      of the new state into row block r's slot and counts them on the block's counter, then
 //      stores the step's outputs.
 // Buffers: the slots and the partial sums are double-buffered by step parity. A CTA writes
@@ -35,17 +35,21 @@
 // each launch. B is at most 64 (8 n-tiles of 8 columns).
 // Per-step inputs of the CTA's 16 rows are staged three steps ahead with cp.async, as in the
 // cluster design, and everything of the epilogue that needs no product is computed first.
+// Kernels and launch helpers are templates over the epilogue; persistent.cu instantiates them.
+#pragma once
+
 #include <cuda_bf16.h>
 
 #include <cstdint>
 
-#include "cluster.cuh"
-#include "dense.h"
-#include "dense_cell.cuh"
-#include "dense_tile.cuh"
+#include "common/cluster.cuh"
+#include "common/mma.cuh"
+#include "dense/dense.h"
+#include "dense/epilogues.cuh"
+#include "dense/gate_args.cuh"
 
 namespace elman {
-namespace {
+namespace grid_design {
 
 constexpr int kDim = 2048;
 constexpr int kRows = 64;                         // rows of a CTA's tile
@@ -73,24 +77,26 @@ static_assert(kCounters * 4 <= int(kCounterBytes), "counters fit their region");
 struct Args {
   int steps, batch;
   const __nv_bfloat16* w;
-  const __nv_bfloat16* b;
+  const __nv_bfloat16* b;                 // bias [D] (zeros for none)
   const __nv_bfloat16* wx;
-  const __nv_bfloat16* z;
+  const __nv_bfloat16* g0;                // the epilogue's first gate input
   const __nv_bfloat16* h0;
   __nv_bfloat16* out;
   __nv_bfloat16* h_all;
   const __nv_bfloat16* d_out;
   const __nv_bfloat16* d_hT;
   __nv_bfloat16* dv;
-  __nv_bfloat16* dz;
+  __nv_bfloat16* dg0;                     // its gradient
   __nv_bfloat16* dh0;
   unsigned* counters;                    // [2][kBlocks]: state, partial
   __nv_bfloat16* slots;                  // [2][kBlocks][bc][64] (swizzled, see swz)
   float* partials;                       // [2][kBlocks][kQuarters][bc][64]
   long long* trace;                      // optional: per-step phase clocks of CTA 0
 };
+template <int kG>
+using ArgsFor = GateArgs<Args, kG>;
 
-// The trace of the cluster design (dense_persistent.cu), same layout: clock64 at six phase
+// The trace of the cluster design (persistent.cuh), same layout: clock64 at six phase
 // boundaries of each step (start, state slice 0 arrived, multiplied, partial sums of the
 // four quarters in, epilogue done, published), then clock64 and %globaltimer at kernel
 // start and end. Only the traced instantiation has the marks.
@@ -131,8 +137,12 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
       : "memory");
 }
 
-template <int NT, int kIn>
+
+// NT n-tiles of 8 batch columns; staged inputs: forward wx and the kGates gates, backward
+// d_out, h and the gates.
+template <int NT, int kGates, bool kBackward>
 struct Tile {
+  static constexpr int kIn = (kBackward ? 2 : 1) + kGates;
   static constexpr int kBc = NT * 8;
   static constexpr int kSlice = kBc * kRows;                  // one source's state slice
   static constexpr uint32_t kSliceBytes = kSlice * 2;
@@ -184,12 +194,13 @@ struct Tile {
       load_a(a, w, kDim, row0() + mrow0(), q * kCols + kgroup() * (kCols / kKGroups), transposed);
   }
 
-  __device__ static const __nv_bfloat16* source(const Args& p, int k) {
-    if (kIn == 2) return k == 0 ? p.wx : p.z;
-    return k == 0 ? p.d_out : k == 1 ? p.h_all + size_t(p.batch) * kDim : p.z;
+  __device__ static const __nv_bfloat16* source(const ArgsFor<kGates>& p, int k) {
+    if (!kBackward) return k == 0 ? p.wx : gate_input<kGates>(p, k - 1);
+    return k == 0 ? p.d_out : k == 1 ? p.h_all + size_t(p.batch) * kDim
+                                     : gate_input<kGates>(p, k - 2);
   }
   // Stage step t of the inputs of this CTA's 16 rows into ring buffer i: [kIn][bc][16].
-  __device__ void stage_inputs(int i, const Args& p, int t, bool skip) const {
+  __device__ void stage_inputs(int i, const ArgsFor<kGates>& p, int t, bool skip) const {
     __nv_bfloat16* dst = stage() + (i % kStages) * kIn * kSubElems;
     constexpr int kChunks = kBc * 2;  // two 16-byte chunks per (column, 16 rows)
     for (int c = threadIdx.x; !skip && c < kIn * kChunks; c += kThreads) {
@@ -356,8 +367,8 @@ struct Tile {
 };
 
 template <int NT, class Epi, bool kTrace>
-__global__ void __launch_bounds__(kThreads, 1) grid_forward(Args p) {
-  using G = Tile<NT, 2>;
+__global__ void __launch_bounds__(kThreads, 1) grid_forward(ArgsFor<Epi::kGates> p) {
+  using G = Tile<NT, Epi::kGates, false>;
   extern __shared__ __align__(128) unsigned char smem[];
   G g(smem);
   stamp<kTrace>(p, 0);
@@ -387,12 +398,16 @@ __global__ void __launch_bounds__(kThreads, 1) grid_forward(Args p) {
     mark<kTrace>(p, t, 0);
     jitter(t, 0);
     const __nv_bfloat16* in = g.inputs(t);
-    float pre_v[G::kPerSub], pre_g[G::kPerSub];
+    float pre_v[G::kPerSub];
+    typename Epi::Pre pre[G::kPerSub];
 #pragma unroll
     for (int i = 0; i < G::kPerSub; ++i) {
       const int j = min(G::sub_j(i), G::kSubElems - 1);
       pre_v[i] = to_float(in[j]) + bias[i];
-      pre_g[i] = Epi::gate(to_float(in[G::kSubElems + j]));
+      Gates<Epi> gv;
+#pragma unroll
+      for (int k = 0; k < Epi::kGates; ++k) gv[k] = to_float(in[(1 + k) * G::kSubElems + j]);
+      pre[i] = Epi::prepare(gv);
     }
     g.stage_inputs(t + kLead, p, t + kLead, t + kLead >= p.steps);
     jitter(t, 1);
@@ -410,7 +425,7 @@ __global__ void __launch_bounds__(kThreads, 1) grid_forward(Args p) {
       if (j >= G::kSubElems) continue;
       const float h = Epi::act(g.reduce(p, t, j) + pre_v[i]);
       hb[i] = __float2bfloat16_rn(h);
-      ob[i] = __float2bfloat16_rn(h * pre_g[i]);
+      ob[i] = __float2bfloat16_rn(Epi::output(h, pre[i]));
       if (!last) g.put(p, t, j, hb[i]);
     }
     mark<kTrace>(p, t, 4);
@@ -431,8 +446,9 @@ __global__ void __launch_bounds__(kThreads, 1) grid_forward(Args p) {
 }
 
 template <int NT, class Epi>
-__global__ void __launch_bounds__(kThreads, 1) grid_backward(Args p) {
-  using G = Tile<NT, 3>;  // staged: d_out_t, h_t, z_t
+__global__ void __launch_bounds__(kThreads, 1) grid_backward(ArgsFor<Epi::kGates> p) {
+  using G = Tile<NT, Epi::kGates, true>;  // staged: d_out_t, h_t, gates_t
+  constexpr int kG = Epi::kGates;
   extern __shared__ __align__(128) unsigned char smem[];
   G g(smem);
   const size_t BD = size_t(p.batch) * kDim;
@@ -447,14 +463,17 @@ __global__ void __launch_bounds__(kThreads, 1) grid_backward(Args p) {
     jitter(u, 0);
     const __nv_bfloat16* in = g.inputs(u);
     float pre_c[G::kPerSub], pre_f[G::kPerSub];
-    __nv_bfloat16 dzb[G::kPerSub];
+    __nv_bfloat16 dgb[kG > 0 ? kG : 1][G::kPerSub];
 #pragma unroll
     for (int i = 0; i < G::kPerSub; ++i) {
       const int j = min(G::sub_j(i), G::kSubElems - 1);
-      float dz;
-      Epi::backward_parts(to_float(in[j]), to_float(in[G::kSubElems + j]),
-                          to_float(in[2 * G::kSubElems + j]), pre_c[i], pre_f[i], dz);
-      dzb[i] = __float2bfloat16_rn(dz);
+      const float d_out = to_float(in[j]), h = to_float(in[G::kSubElems + j]);
+      Gates<Epi> gv, dg;
+#pragma unroll
+      for (int k = 0; k < kG; ++k) gv[k] = to_float(in[(2 + k) * G::kSubElems + j]);
+      Epi::backward_parts(d_out, h, gv, pre_c[i], pre_f[i], dg);
+#pragma unroll
+      for (int k = 0; k < kG; ++k) dgb[k][i] = __float2bfloat16_rn(dg[k]);
     }
     g.stage_inputs(u + kLead, p, t - kLead, u + kLead >= T);
     jitter(u, 1);
@@ -484,7 +503,8 @@ __global__ void __launch_bounds__(kThreads, 1) grid_backward(Args p) {
       const int j = G::sub_j(i);
       if (!g.live(p, j)) continue;
       p.dv[t * BD + g.offset(p, j)] = dvb[i];
-      p.dz[t * BD + g.offset(p, j)] = dzb[i];
+#pragma unroll
+      for (int k = 0; k < kG; ++k) gate_grad<kG>(p, k)[t * BD + g.offset(p, j)] = dgb[k][i];
     }
   }
   // dh0 = W_h^T dv_0: exchange T - 1, multiply T - 1.
@@ -499,41 +519,52 @@ __global__ void __launch_bounds__(kThreads, 1) grid_backward(Args p) {
   }
 }
 
-using KernelPtr = void (*)(Args);
-using Epi = TanhSiluGateT<true>;
+// ---- planning and launch (templates over the epilogue) ---------------------------------
+template <int kG>
+using KernelPtr = void (*)(ArgsFor<kG>);
 
-KernelPtr pick(int nt, bool backward, bool trace = false) {
-#define ELMAN_CASE(NT)                                                                     \
-  case NT:                                                                                 \
-    return backward ? grid_backward<NT, Epi>                                               \
-                    : trace ? grid_forward<NT, Epi, true> : grid_forward<NT, Epi, false>;
+template <class Epi>
+KernelPtr<Epi::kGates> pick(int nt, bool backward, bool trace = false) {
+#ifdef ELMAN_TRACE  // the traced forward exists in the development build only
+#define ELMAN_FORWARD(NT) trace ? grid_forward<NT, Epi, true> : grid_forward<NT, Epi, false>
+#else
+#define ELMAN_FORWARD(NT) trace ? nullptr : grid_forward<NT, Epi, false>
+#endif
+#define ELMAN_CASE(NT) \
+  case NT:             \
+    return backward ? grid_backward<NT, Epi> : ELMAN_FORWARD(NT);
   switch (nt) {
     ELMAN_CASE(1) ELMAN_CASE(2) ELMAN_CASE(4) ELMAN_CASE(8)
     default: return nullptr;
   }
 #undef ELMAN_CASE
+#undef ELMAN_FORWARD
 }
+template <int kGates>
 int smem_for(int nt, bool backward) {
   switch (nt) {
-    case 1: return backward ? Tile<1, 3>::kSmem : Tile<1, 2>::kSmem;
-    case 2: return backward ? Tile<2, 3>::kSmem : Tile<2, 2>::kSmem;
-    case 4: return backward ? Tile<4, 3>::kSmem : Tile<4, 2>::kSmem;
-    default: return backward ? Tile<8, 3>::kSmem : Tile<8, 2>::kSmem;
+    case 1: return backward ? Tile<1, kGates, true>::kSmem : Tile<1, kGates, false>::kSmem;
+    case 2: return backward ? Tile<2, kGates, true>::kSmem : Tile<2, kGates, false>::kSmem;
+    case 4: return backward ? Tile<4, kGates, true>::kSmem : Tile<4, kGates, false>::kSmem;
+    default: return backward ? Tile<8, kGates, true>::kSmem : Tile<8, kGates, false>::kSmem;
   }
 }
-int tiles_for(int batch) {  // n-tiles of 8 batch columns per launch: 1, 2, 4 or 8
+inline int tiles_for(int batch) {  // n-tiles of 8 batch columns per launch: 1, 2, 4 or 8
   int nt = 1;
   while (nt < kMaxBc / 8 && nt * 8 < batch) nt *= 2;
   return nt;
 }
 
 // Workspace: counters | slots | partials.
-size_t slot_bytes(int bc) { return size_t(2) * kBlocks * bc * kRows * 2; }
-size_t partial_bytes(int bc) { return size_t(2) * kCtas * bc * kRows * 4; }
+inline size_t slot_bytes(int bc) { return size_t(2) * kBlocks * bc * kRows * 2; }
+inline size_t partial_bytes(int bc) { return size_t(2) * kCtas * bc * kRows * 4; }
 
-cudaError_t launch(const PersistentPlan& plan, bool backward, cudaStream_t stream, Args a,
+template <class Epi>
+cudaError_t launch(const PersistentPlan& plan, bool backward, cudaStream_t stream,
+                   ArgsFor<Epi::kGates> a,
                    void* xchg) {
-  KernelPtr k = pick(plan.bc / 8, backward, a.trace != nullptr);
+  KernelPtr<Epi::kGates> k = pick<Epi>(plan.bc / 8, backward, a.trace != nullptr);
+  if (k == nullptr) return cudaErrorInvalidValue;  // a trace asked of a build without it
   if (a.trace != nullptr) {  // the plan set the attribute of the untraced kernel only
     const cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.smem);
     if (e != cudaSuccess) return e;
@@ -558,28 +589,28 @@ cudaError_t launch(const PersistentPlan& plan, bool backward, cudaStream_t strea
   return e == cudaSuccess ? cudaGetLastError() : e;
 }
 
-}  // namespace
-
-PersistentPlan dense_grid_plan(int batch, int dim, bool backward) {
+// The grid design's plan for epilogue Epi (D = 2048).
+template <class Epi>
+PersistentPlan make_plan(int batch, int dim, bool backward) {
   PersistentPlan plan;
   plan.design = "grid";
   if (dim != kDim) { plan.reason = "the grid design takes D = 2048 only"; return plan; }
   if (batch < 1) { plan.reason = "B must be at least 1"; return plan; }
-  if (batch > kMaxBc) {  // measured (run dev-s6-grid1): two launches of 64 columns at
-    // B = 70 took 14.3 us a step, the per-step path 7.7
+  if (batch > kMaxBc) {  // measured: two launches of 64 columns at B = 70 took 14.3 us a
+    // step, the per-step path 7.7
     plan.reason = "the grid design (D = 2048) takes B <= 64; beyond, the per-step path is faster";
     return plan;
   }
   int dev = 0;
   cudaGetDevice(&dev);
   const int nt = tiles_for(batch);
-  const int smem = smem_for(nt, backward);
+  const int smem = smem_for<Epi::kGates>(nt, backward);
   static int cache[8][9][2];  // CTAs of this kernel the GPU holds at once, per device
   static bool cached[8][9][2];
   int& resident = cache[dev & 7][nt][backward];
   if (!cached[dev & 7][nt][backward]) {
     cached[dev & 7][nt][backward] = true;
-    KernelPtr k = pick(nt, backward);
+    KernelPtr<Epi::kGates> k = pick<Epi>(nt, backward);
     int per_sm = 0, sms = 0;
     if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
             cudaSuccess ||
@@ -605,40 +636,20 @@ PersistentPlan dense_grid_plan(int batch, int dim, bool backward) {
   return plan;
 }
 
-cudaError_t dense_grid_forward(cudaStream_t stream, int steps, int batch, const void* wx,
-                               const void* z, const void* w_h, const void* b, const void* h0,
-                               void* out, void* h_all, void* xchg, long long* trace) {
-  const PersistentPlan plan = dense_grid_plan(batch, kDim, false);
-  if (!plan.ok) return cudaErrorInvalidConfiguration;
-  Args a = {};
-  a.steps = steps; a.batch = batch;
-  a.w = static_cast<const __nv_bfloat16*>(w_h);
-  a.b = static_cast<const __nv_bfloat16*>(b);
-  a.wx = static_cast<const __nv_bfloat16*>(wx);
-  a.z = static_cast<const __nv_bfloat16*>(z);
-  a.h0 = static_cast<const __nv_bfloat16*>(h0);
-  a.out = static_cast<__nv_bfloat16*>(out);
-  a.h_all = static_cast<__nv_bfloat16*>(h_all);
+template <class Epi>
+cudaError_t forward(const PersistentPlan& plan, const DenseForward& f, long long* trace) {
+  ArgsFor<Epi::kGates> a = {};
+  set_forward<Epi::kGates>(a, f);
   a.trace = trace;
-  return launch(plan, false, stream, a, xchg);
+  return launch<Epi>(plan, false, f.stream, a, f.xchg);
 }
 
-cudaError_t dense_grid_backward(cudaStream_t stream, int steps, int batch, const void* w_h,
-                                const void* h_all, const void* z, const void* d_out,
-                                const void* d_hT, void* dv, void* dz, void* dh0, void* xchg) {
-  const PersistentPlan plan = dense_grid_plan(batch, kDim, true);
-  if (!plan.ok) return cudaErrorInvalidConfiguration;
-  Args a = {};
-  a.steps = steps; a.batch = batch;
-  a.w = static_cast<const __nv_bfloat16*>(w_h);
-  a.z = static_cast<const __nv_bfloat16*>(z);
-  a.h_all = static_cast<__nv_bfloat16*>(const_cast<void*>(h_all));
-  a.d_out = static_cast<const __nv_bfloat16*>(d_out);
-  a.d_hT = static_cast<const __nv_bfloat16*>(d_hT);
-  a.dv = static_cast<__nv_bfloat16*>(dv);
-  a.dz = static_cast<__nv_bfloat16*>(dz);
-  a.dh0 = static_cast<__nv_bfloat16*>(dh0);
-  return launch(plan, true, stream, a, xchg);
+template <class Epi>
+cudaError_t backward(const PersistentPlan& plan, const DenseBackward& g) {
+  ArgsFor<Epi::kGates> a = {};
+  set_backward<Epi::kGates>(a, g);
+  return launch<Epi>(plan, true, g.stream, a, g.xchg);
 }
 
+}  // namespace grid_design
 }  // namespace elman

@@ -3,8 +3,8 @@
 // one launch, so (time(iters) - time(0)) / iters is the cost of one repetition.
 #include <cooperative_groups.h>
 
-#include "cluster.cuh"
-#include "dense.h"
+#include "common/cluster.cuh"
+#include "dev/primitives.h"
 
 namespace cg = cooperative_groups;
 
