@@ -5,13 +5,13 @@ one cluster and several) for compute-sanitizer's memcheck; gpu_pass.sh's `saniti
 
 Racecheck runs on scripts/sanitize_persistent.cu instead (a plain CUDA program): under a
 Python process that has loaded torch, racecheck of CUDA 13.0 stops with an internal error on
-these kernels (runs 20261122T102755Z and 20261122T120100Z_f37f80e_dev-racecheck-probe).
+these kernels.
 """
 import sys
 
 import torch
 
-from elman.families.dense import op as dense
+from elman.families.dense import inputs, op as dense
 
 SHAPES = ((5, 3, 512), (4, 20, 1024), (3, 9, 256), (3, 17, 768), (3, 5, 2048), (3, 13, 2048),
           (4, 20, 2048), (3, 64, 2048))
@@ -21,8 +21,9 @@ def main() -> int:
     g = torch.Generator(device="cuda").manual_seed(0)
     for T, B, D in SHAPES:
         kw = {k: v.detach().to(torch.bfloat16).requires_grad_() for k, v in
-              dense.random_inputs(T, B, D, ("x", "z", "w_x", "w_h", "b", "h0"), "cuda", g).items()}
-        out, h = dense.gated_cell_cuda(**kw, path="persistent")
+              inputs.random_inputs(T, B, D, ("x", "z", "w_x", "w_h", "b", "h0"), "cuda", g).items()}
+        z = kw.pop("z")
+        out, h = dense.cell("tanh_silu_gate", gates=(z,), **kw, path="persistent")
         (out.float().sum() + h.float().sum()).backward()
         torch.cuda.synchronize()
         assert dense.last_path == {"forward": "persistent", "backward": "persistent"}, dense.last_path

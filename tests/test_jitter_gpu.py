@@ -1,6 +1,7 @@
 """Races in the persistent kernels, looked for by perturbing their timing.
 
-The jitter build (`ops.load(jitter=True)`, ELMAN_JITTER, `jitter` in lib/csrc/cluster.cuh)
+The jitter build (`ops.load("dense", jitter=True)`, the module elman_dense_jitter: ELMAN_JITTER,
+`jitter` in lib/csrc/common/cluster.cuh)
 makes warps of both persistent designs sleep pseudo-random times at every synchronisation
 point of a step: in the cluster design (D <= 1024) before and after the expect, around the
 staging, after each slice's arrival, around the partial-sum barrier and the publish; in the
@@ -9,15 +10,16 @@ of partial sums through L2. The kernels' arithmetic order does not depend on tim
 race-free protocol gives every output bitwise as the normal build does. It complements
 compute-sanitizer's racecheck (gpu_pass.sh's sanitize stage, from the plain CUDA program
 scripts/sanitize_persistent.cu, since racecheck fails with an internal error under Python),
-and runs through the op. What it can and cannot see (run 20261122T121304Z_c8e948f289_dev-mutate): a planted race between warps, the
-block barrier before the multicast removed, failed it; a planted early read of staged
-inputs (their copies started two steps before) passed, because jitter only slows warps down
-and those copies always land in time. Run by scripts/gpu_pass.sh; skipped without CUDA."""
+and runs through the op. What it can and cannot see (measured by planting races): a race
+between warps, the block barrier before the multicast removed, failed it; an early read of
+staged inputs (their copies started two steps before) passed, because jitter only slows
+warps down and those copies always land in time. Run by scripts/gpu_pass.sh; skipped
+without CUDA."""
 import pytest
 import torch
 
-from elman.families.dense import op as dense
 from elman.core import extension as ops
+from elman.families.dense import inputs, op as dense
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -25,13 +27,14 @@ pytestmark = [pytest.mark.gpu,
 # Every D the kernels take; one and several clusters; odd B (dead batch columns); 16 batch
 # columns per cluster (B = 64, D = 1024); the grid design (D = 2048) with its mma.sync multiply
 # (8 batch columns) and its wgmma multiply (32 columns, 12 of them dead; 64 columns).
+EPILOGUE = "tanh_silu_gate"
 SHAPES = [(24, 3, 256), (24, 20, 512), (16, 4, 768), (24, 16, 1024), (12, 64, 1024),
           (10, 5, 2048), (10, 20, 2048), (8, 64, 2048)]
 
 
 def _inputs(T, B, D):
     g = torch.Generator(device="cuda").manual_seed(T * 1000 + B * 10 + D)
-    s = dense.random_inputs(T, B, D, ("x", "z", "w_h", "b", "h0"), "cuda", g)
+    s = inputs.random_inputs(T, B, D, ("x", "z", "w_h", "b", "h0"), "cuda", g)
     s = {k: v.detach().to(torch.bfloat16) for k, v in s.items()}
     s["d_out"] = torch.randn(T, B, D, device="cuda", generator=g).to(torch.bfloat16)
     s["d_hT"] = torch.randn(B, D, device="cuda", generator=g).to(torch.bfloat16)
@@ -42,9 +45,9 @@ def _run(ext, s):
     T, B, D = s["x"].shape
     out, h_all = torch.full_like(s["x"], float("nan")), s["x"].new_full((T + 1, B, D), float("nan"))
     dv, dz, dh0 = torch.full_like(out, float("nan")), torch.full_like(out, float("nan")), s["h0"].clone()
-    ext.dense_forward(s["x"], s["z"], s["w_h"], s["b"], s["h0"], out, h_all, dense.GATE_SILU, True)
-    ext.dense_backward(s["w_h"], h_all, s["z"], s["d_out"], s["d_hT"], dv, dz, dh0, dense.GATE_SILU,
-                       True)
+    eid = ext.epilogues()[EPILOGUE]["id"]
+    ext.forward(eid, s["x"], [s["z"]], s["w_h"], s["b"], s["h0"], out, h_all, True)
+    ext.backward(eid, s["w_h"], h_all, [s["z"]], s["d_out"], s["d_hT"], dv, [dz], dh0, True)
     torch.cuda.synchronize()
     return {"out": out, "h_all": h_all, "dv": dv, "dz": dz, "dh0": dh0}
 
@@ -53,7 +56,7 @@ def _run(ext, s):
 def test_jitter_changes_no_bit(T, B, D):
     assert dense.plan(B, D, torch.bfloat16) == "persistent"
     s = _inputs(T, B, D)
-    plain, jittered = _run(ops.load(), s), _run(ops.load(jitter=True), s)
+    plain, jittered = _run(ops.load("dense"), s), _run(ops.load("dense", jitter=True), s)
     for name, a in plain.items():
         assert not a.isnan().any(), f"{name}: the normal build left elements unwritten"
         b = jittered[name]
@@ -77,7 +80,7 @@ def test_jitter_build_perturbs():
             best = min(best, start.elapsed_time(end))
         return best
 
-    plain, jittered = ops.load(), ops.load(jitter=True)
+    plain, jittered = ops.load("dense"), ops.load("dense", jitter=True)
     elapsed_ms(plain), elapsed_ms(jittered)  # warm-up
-    assert jittered.__name__ == "elman_cuda_jitter"
+    assert jittered.__name__ == "elman_dense_jitter"
     assert elapsed_ms(jittered) > 1.5 * elapsed_ms(plain)

@@ -3,7 +3,8 @@ and every gradient, fp32 and bf16 (run by scripts/gpu_pass.sh; skipped without C
 import pytest
 import torch
 
-from elman.families.dense import op as dense
+from elman.core import extension as ops
+from elman.families.dense import inputs as dense_inputs, op as dense
 from elman.harness import parity
 from elman import registry
 
@@ -11,6 +12,7 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 CASES = [(e.name, dt) for e in registry.variants() for dt in e.dtypes]
+EPILOGUE = "tanh_silu_gate"  # E0's and E1's
 
 
 @pytest.mark.parametrize("level,dtype", CASES)
@@ -28,59 +30,106 @@ def test_every_path_checked():
 
 def _inputs(T=3, B=2, D=256, dtype=torch.bfloat16, device="cuda"):
     g = torch.Generator(device=device).manual_seed(1)
-    t = dense.random_inputs(T, B, D, ("x", "z", "w_x", "w_h", "b", "h0"), device, g)
-    return {k: v.detach().to(dtype) for k, v in t.items()}
+    t = dense_inputs.random_inputs(T, B, D, ("x", "z", "w_x", "w_h", "b", "h0"), device, g)
+    t = {k: v.detach().to(dtype) for k, v in t.items()}
+    t["gates"] = (t.pop("z"),)
+    return t
+
+
+def _cell(path="auto", **kw):
+    return dense.cell(EPILOGUE, **kw, path=path)
+
+
+def test_epilogue_table_read_from_the_extension():
+    table = dense.epilogues()
+    assert table[EPILOGUE] == {"id": dense.epilogue_id(EPILOGUE), "gates": 1}
+    with pytest.raises(ValueError, match="unknown dense epilogue"):
+        dense.epilogue_id("no_such_epilogue")
 
 
 def test_path_reported():
     kw = _inputs()
     for path in ("persistent", "graph", "steps"):
-        dense.gated_cell_cuda(**kw, path=path)
+        _cell(path, **kw)
         assert dense.last_path["forward"] == path
-    dense.gated_cell_cuda(**_inputs(D=100))
+    _cell(**_inputs(D=100))
     assert dense.last_path["forward"] == "graph"
 
 
 def test_graph_path_reuses_one_capture_per_shape():
     kw = _inputs(T=4, B=3, D=96)
-    a = dense.gated_cell_cuda(**kw, path="graph")[0]
+    a = _cell("graph", **kw)[0]
     graphs = dict(dense._graphs)  # the cache may be full: the count alone cannot show reuse
-    b = dense.gated_cell_cuda(**kw, path="graph")[0]
+    b = _cell("graph", **kw)[0]
     assert dense._graphs.keys() == graphs.keys() and torch.equal(a, b)
     assert all(dense._graphs[k][0] is graphs[k][0] for k in graphs)  # replayed, not recaptured
 
 
+@pytest.mark.parametrize("path", ["persistent", "graph", "steps"])
+def test_no_bias_and_no_input_projection(path):
+    """b = None is a zero bias and W_x = None feeds x as wx (E39), with gradients for the rest."""
+    kw = _inputs()
+    x = kw["x"].clone().requires_grad_()
+    zero_b = torch.zeros_like(kw["b"])
+    eye = torch.eye(x.shape[-1], device="cuda", dtype=x.dtype)
+    a, ha = _cell(path, **{**kw, "x": x, "b": None, "w_x": None})
+    b, hb = _cell(path, **{**kw, "b": zero_b, "w_x": eye})
+    assert torch.equal(a, b) and torch.equal(ha, hb)
+    a.float().sum().backward()
+    assert x.grad is not None and not x.grad.isnan().any()
+
+
 def test_persistent_refuses_unsupported_sizes():
     with pytest.raises(ValueError, match="persistent kernel does not take"):
-        dense.gated_cell_cuda(**_inputs(D=100), path="persistent")
+        _cell("persistent", **_inputs(D=100))
     with pytest.raises(ValueError, match="persistent kernel does not take"):
-        dense.gated_cell_cuda(**_inputs(dtype=torch.float32), path="persistent")
+        _cell("persistent", **_inputs(dtype=torch.float32))
 
 
 def test_bad_inputs_raise_before_launch():
     kw = _inputs()
-    with pytest.raises(ValueError, match="CUDA tensors"):
-        dense.gated_cell_cuda(**{**kw, "w_h": kw["w_h"].cpu()})
-    with pytest.raises(RuntimeError, match="dtype"):
-        dense.gated_cell_cuda(**{**kw, "b": kw["b"].float()})
-    with pytest.raises(ValueError, match="shape"):
-        dense.gated_cell_cuda(**{**kw, "z": kw["z"][:, :1]})
-    ext = __import__("elman.core.extension", fromlist=["load"]).load()
+    with pytest.raises(ValueError, match="W_h must be a CUDA tensor"):
+        _cell(**{**kw, "w_h": kw["w_h"].cpu()})
+    with pytest.raises(TypeError, match="b has dtype float32"):
+        _cell(**{**kw, "b": kw["b"].float()})
+    with pytest.raises(ValueError, match=r"gates\[0\] has shape"):
+        _cell(**{**kw, "gates": (kw["gates"][0][:, :1],)})
+    with pytest.raises(ValueError, match="takes 1 gate input"):
+        _cell(**{**kw, "gates": ()})
+    ext = ops.load("dense")
+    eid = dense.epilogue_id(EPILOGUE)
     T, B, D = kw["x"].shape
+    z = kw["gates"][0]
     wx = torch.randn(D, B, T, device="cuda", dtype=torch.bfloat16).permute(2, 1, 0)  # not contiguous
     out = torch.empty(T, B, D, device="cuda", dtype=torch.bfloat16)
     h_all = torch.empty(T + 1, B, D, device="cuda", dtype=torch.bfloat16)
-    with pytest.raises(RuntimeError, match="contiguous"):
-        ext.dense_forward(wx, kw["z"], kw["w_h"], kw["b"], kw["h0"], out, h_all, 0, False)
-    with pytest.raises(RuntimeError, match="epilogue"):
-        ext.dense_forward(wx.contiguous(), kw["z"], kw["w_h"], kw["b"], kw["h0"], out, h_all, 7, False)
-    with pytest.raises(RuntimeError, match="got 2 dimensions"):
-        ext.dense_forward(wx[0].contiguous(), kw["z"], kw["w_h"], kw["b"], kw["h0"], out, h_all, 0, False)
-    with pytest.raises(RuntimeError, match="does not take B=.*D=100"):
+    with pytest.raises(ValueError, match="contiguous"):
+        ext.forward(eid, wx, [z], kw["w_h"], kw["b"], kw["h0"], out, h_all, False)
+    with pytest.raises(ValueError, match="unknown dense epilogue id 7"):
+        ext.forward(7, wx.contiguous(), [z], kw["w_h"], kw["b"], kw["h0"], out, h_all, False)
+    with pytest.raises(ValueError, match="takes 1 gates, got 2"):
+        ext.forward(eid, wx.contiguous(), [z, z], kw["w_h"], kw["b"], kw["h0"], out, h_all, False)
+    with pytest.raises(ValueError, match="got 2 dimensions"):
+        ext.forward(eid, wx[0].contiguous(), [z], kw["w_h"], kw["b"], kw["h0"], out, h_all, False)
+    # the crash of the report: an empty batch, a zero width, a wrong W_h or bias, on both paths
+    for persistent in (True, False):
+        empty = torch.zeros(T, 0, D, device="cuda", dtype=torch.bfloat16)
+        with pytest.raises(ValueError, match="empty dimension"):
+            ext.forward(eid, empty, [empty], kw["w_h"], kw["b"], kw["h0"][:0], empty,
+                        torch.zeros(T + 1, 0, D, device="cuda", dtype=torch.bfloat16), persistent)
+        with pytest.raises(ValueError, match=r"W_h has shape \[256, 255\]; expected \[256, 256\]"):
+            ext.forward(eid, wx.contiguous(), [z], kw["w_h"][:, 1:].contiguous(), kw["b"], kw["h0"],
+                        out, h_all, persistent)
+        with pytest.raises(ValueError, match=r"b has shape \[255\]; expected \[256\]"):
+            ext.forward(eid, wx.contiguous(), [z], kw["w_h"], kw["b"][1:].contiguous(), kw["h0"],
+                        out, h_all, persistent)
+    with pytest.raises(ValueError, match="does not take B=.*D=100"):
         x = torch.zeros(T, B, 100, device="cuda", dtype=torch.bfloat16)
-        ext.dense_forward(x, x, torch.zeros(100, 100, device="cuda", dtype=torch.bfloat16),
-                          x[0, 0], x[0], x, torch.zeros(T + 1, B, 100, device="cuda", dtype=torch.bfloat16),
-                          0, True)
+        ext.forward(eid, x, [x], torch.zeros(100, 100, device="cuda", dtype=torch.bfloat16),
+                    x[0, 0], x[0], x, torch.zeros(T + 1, B, 100, device="cuda", dtype=torch.bfloat16),
+                    True)
+    _cell(**kw)  # the context still works
+    torch.cuda.synchronize()
 
 
 def test_misaligned_views_raise_and_lose_nothing():
@@ -89,43 +138,58 @@ def test_misaligned_views_raise_and_lose_nothing():
     it before launch and the next call still runs; the op (forward and backward) passes an
     aligned copy instead."""
     kw = _inputs(T=3, B=2, D=256)
-    ext = __import__("elman.core.extension", fromlist=["load"]).load()
+    ext = ops.load("dense")
+    eid = dense.epilogue_id(EPILOGUE)
+    z = kw["gates"][0]
     T, B, D = kw["x"].shape
     odd = torch.randn(T * B * D + 1, device="cuda", dtype=torch.bfloat16)[1:].view(T, B, D)
     assert odd.is_contiguous() and odd.data_ptr() % 16 != 0
     out = torch.empty(T, B, D, device="cuda", dtype=torch.bfloat16)
     h_all = torch.empty(T + 1, B, D, device="cuda", dtype=torch.bfloat16)
-    args = (kw["w_h"], kw["b"], kw["h0"], out, h_all, dense.GATE_SILU, True)
-    with pytest.raises(RuntimeError, match="wx must start at a 16-byte aligned address"):
-        ext.dense_forward(odd, kw["z"], *args)
-    with pytest.raises(RuntimeError, match="z must start at a 16-byte aligned address"):
-        ext.dense_forward(kw["x"], odd, *args)
-    ext.dense_forward(kw["x"], kw["z"], *args)
+    args = (kw["w_h"], kw["b"], kw["h0"], out, h_all, True)
+    with pytest.raises(ValueError, match="wx must start at a 16-byte aligned address"):
+        ext.forward(eid, odd, [z], *args)
+    with pytest.raises(ValueError, match=r"gates\[0\] must start at a 16-byte aligned address"):
+        ext.forward(eid, kw["x"], [odd], *args)
+    ext.forward(eid, kw["x"], [z], *args)
     dv, dz, dh0 = torch.empty_like(out), torch.empty_like(out), torch.empty_like(kw["h0"])
-    with pytest.raises(RuntimeError, match="d_out must start at a 16-byte aligned address"):
-        ext.dense_backward(kw["w_h"], h_all, kw["z"], odd, kw["h0"], dv, dz, dh0, dense.GATE_SILU, True)
-    ext.dense_backward(kw["w_h"], h_all, kw["z"], torch.randn_like(out), kw["h0"], dv, dz, dh0,
-                       dense.GATE_SILU, True)
+    with pytest.raises(ValueError, match="d_out must start at a 16-byte aligned address"):
+        ext.backward(eid, kw["w_h"], h_all, [z], odd, kw["h0"], dv, [dz], dh0, True)
+    ext.backward(eid, kw["w_h"], h_all, [z], torch.randn_like(out), kw["h0"], dv, [dz], dh0, True)
     torch.cuda.synchronize()
     assert not dv.isnan().any() and not dh0.isnan().any()
     # the same view on the per-step path is fine (its kernels make no 16-byte accesses)
-    ext.dense_forward(odd, kw["z"], kw["w_h"], kw["b"], kw["h0"], out, h_all, dense.GATE_SILU, False)
+    ext.forward(eid, odd, [z], kw["w_h"], kw["b"], kw["h0"], out, h_all, False)
     torch.cuda.synchronize()
     # the op itself takes such a view on the persistent path (it passes an aligned copy)
-    a = dense.gated_cell_cuda(kw["x"], kw["z"], kw["w_x"], kw["w_h"], kw["b"], kw["h0"],
-                              path="persistent")[0]
-    b = dense.gated_cell_cuda(kw["x"], odd.copy_(kw["z"]), kw["w_x"], kw["w_h"], kw["b"], kw["h0"],
-                              path="persistent")[0]
+    a = _cell("persistent", **kw)[0]
+    b = _cell("persistent", **{**kw, "gates": (odd.copy_(z),)})[0]
     assert torch.equal(a, b)
     x = kw["x"].clone().requires_grad_()
-    out, _ = dense.gated_cell_cuda(x, kw["z"], kw["w_x"], kw["w_h"], kw["b"], kw["h0"],
-                                   path="persistent")
+    out, _ = _cell("persistent", **{**kw, "x": x})
     out.backward(odd)  # a misaligned upstream gradient reaches the persistent backward
     assert dense.last_path["backward"] == "persistent" and not x.grad.isnan().any()
 
 
 def test_deterministic():
     kw = _inputs(T=9, B=5, D=512)
-    a = dense.gated_cell_cuda(**kw, path="persistent")[0]
-    b = dense.gated_cell_cuda(**kw, path="persistent")[0]
+    a = _cell("persistent", **kw)[0]
+    b = _cell("persistent", **kw)[0]
     assert torch.equal(a, b)
+
+
+def test_production_extension_has_no_probes_and_dev_has_the_trace():
+    ext, dev = ops.load("dense"), ops.load("dev")
+    assert not hasattr(ext, "clock_probe") and not hasattr(ext, "dense_forward_traced")
+    kw = _inputs(T=4, B=3, D=512)
+    T, B, D = kw["x"].shape
+    out = torch.empty(T, B, D, device="cuda", dtype=torch.bfloat16)
+    h_all = torch.empty(T + 1, B, D, device="cuda", dtype=torch.bfloat16)
+    trace = torch.zeros(T * 6 + 4, device="cuda", dtype=torch.int64)
+    dev.dense_forward_traced(dense.epilogue_id(EPILOGUE), kw["x"], list(kw["gates"]), kw["w_h"],
+                             kw["b"], kw["h0"], out, h_all, trace)
+    plain, plain_h = torch.empty_like(out), torch.empty_like(h_all)
+    ext.forward(dense.epilogue_id(EPILOGUE), kw["x"], list(kw["gates"]), kw["w_h"], kw["b"],
+                kw["h0"], plain, plain_h, True)
+    torch.cuda.synchronize()
+    assert torch.equal(out, plain) and (trace[:T * 6] > 0).all()

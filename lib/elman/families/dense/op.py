@@ -1,56 +1,95 @@
-"""The dense family's shared CUDA cell: one W_h h per step, an elementwise epilogue.
+"""The dense family's CUDA op: one W_h h per step and an elementwise epilogue.
 
-Cell (time-major, `[T, B, D]`):
+Cell (time-major, `[T, B, D]`), for an epilogue of the table in lib/csrc/dense/epilogues.cuh
+with k gate inputs g_1..g_k (E0/E1's "tanh_silu_gate": k = 1, h = tanh(v), out = h * silu(z)):
 
-    v_t = W_x x_t + W_h h_{t-1} + b,   h_t = tanh(v_t),   out_t = h_t * silu(z_t)
+    v_t = W_x x_t + W_h h_{t-1} + b,   h_t = act(v_t),   out_t = gate(h_t, g_1..g_k)
 
-E1 feeds it `z` from its split projection; E0 feeds it `z = W_g x + b_g`. The input
-projection `W_x x` for all T*B rows and the weight gradients after the loop are single
-large GEMMs (torch/cuBLAS); the compiled op owns only the recurrence:
+`W_x` may be None (wx = x, as E39) and `b` may be None (no bias). The input projection
+`W_x x` for all T*B rows and the weight gradients after the loop are single large GEMMs
+(torch/cuBLAS); the compiled op owns only the recurrence:
 
-- forward  `(wx, z, W_h, b, h0) -> (out, h_all)` with `h_all[0] = h0`, `h_all[t+1] = h_t`;
-- backward `(W_h, h_all, z, d_out, d_hT) -> (dv, dz, dh0)`.
+- forward  `(wx, gates, W_h, b, h0) -> (out, h_all)` with `h_all[0] = h0`, `h_all[t+1] = h_t`;
+- backward `(W_h, h_all, gates, d_out, d_hT) -> (dv, d_gates, dh0)`.
 
 Three paths run the op: `persistent` (bf16; W_h stays in registers for the whole sequence:
 of one thread-block cluster at D <= 1024, of a grid of 128 CTAs exchanging through L2 at
-D = 2048 and B <= 64; chapter "Kernel engineering"), `steps` (one cuBLAS GEMM
-plus one fused elementwise kernel per step, launched from the stream; any size, fp32 and
-bf16) and `graph` (the same per-step loop captured once per shape in a CUDA graph and
-replayed on static buffers, which removes the launch cost of every step). `path="auto"`
-takes the persistent kernel where it supports the size, else `graph`, or `steps` while
-the stream is itself being captured. `last_path` says what ran.
+D = 2048 and B <= 64; chapter "Kernel engineering"), `steps` (one cuBLAS GEMM plus one fused
+elementwise kernel per step, launched from the stream; any size, fp32 and bf16) and `graph`
+(the same per-step loop captured once per shape in a CUDA graph and replayed on static
+buffers, which removes the launch cost of every step). `path="auto"` takes the persistent
+kernel where it supports the size, else `graph`, or `steps` while the stream is itself being
+captured. `last_path` says what ran. Every input goes through elman.core.validate first.
 """
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ...core import extension as ops
+from ...core import validate
 
 PATHS = ("auto", "persistent", "graph", "steps")
-GRAPH_CACHE_SIZE = 8  # captured (shape, dtype, direction) loops kept per process
-GATE_SILU = 0  # epilogue id in lib/csrc/dense_cell.cuh: out = h * silu(z)
+RAW_PATHS = ("persistent", "graph", "steps")
+DTYPES = (torch.float32, torch.bfloat16)
+GRAPH_CACHE_SIZE = 8  # captured (epilogue, shape, dtype, direction) loops kept per process
 last_path: dict[str, str] = {}
 
 
-def check_inputs(x: torch.Tensor, z: torch.Tensor, h0: torch.Tensor | None) -> None:
-    """Shape checks shared by the reference and the CUDA path (clear errors first)."""
-    if x.dim() != 3:
-        raise ValueError(f"cell input must be [T, B, D], got shape {tuple(x.shape)}")
-    if z.shape != x.shape:
-        raise ValueError(f"z must have the shape of x {tuple(x.shape)}, got {tuple(z.shape)}")
-    if h0 is not None and h0.shape != x.shape[1:]:
-        raise ValueError(f"h0 must be [B, D] = {tuple(x.shape[1:])}, got {tuple(h0.shape)}")
-    if x.shape[0] < 1:
-        raise ValueError("the sequence must have at least one step (T >= 1)")
+def _ext():
+    return ops.load("dense")
 
 
-def plan(B: int, D: int, dtype: torch.dtype, path: str = "auto") -> str:
+def epilogues() -> dict[str, dict[str, int]]:
+    """{name: {"id": int, "gates": int}} of the compiled epilogue table."""
+    return dict(_ext().epilogues())
+
+
+def epilogue_id(name: str) -> int:
+    table = epilogues()
+    if name not in table:
+        raise ValueError(f"unknown dense epilogue {name!r}; the table has {sorted(table)}")
+    return table[name]["id"]
+
+
+def _gate_count(name: str) -> int:
+    table = epilogues()
+    if name not in table:
+        raise ValueError(f"unknown dense epilogue {name!r}; the table has {sorted(table)}")
+    return table[name]["gates"]
+
+
+def check_inputs(x: torch.Tensor, z: torch.Tensor | None = None, h0: torch.Tensor | None = None) -> None:
+    """Shape checks shared by the references and the CUDA path (clear errors first): x is
+    [T, B, D] with no empty dimension, the gate z (if given) has its shape, h0 is [B, D]."""
+    T, B, D = validate.sequence("x", x)
+    validate.shapes({"z": (z, (T, B, D)), "h0": (h0, (B, D))})
+
+
+def validate_cell(x, gates, w_x, w_h, b, h0, path: str) -> None:
+    """Everything about a cell call that needs no GPU: path, ranks, empty dimensions, every
+    tensor's exact shape, dtypes (float32 or bfloat16, all equal), then devices (all CUDA,
+    one device)."""
+    if path not in PATHS:
+        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+    T, B, D = validate.sequence("x", x)
+    validate.size_limit("B * D", B * D)
+    if not isinstance(gates, (tuple, list)):
+        raise TypeError(f"gates must be a tuple of tensors, got {type(gates).__name__}")
+    named = {f"gates[{i}]": g for i, g in enumerate(gates)}
+    validate.shapes({**{n: (g, (T, B, D)) for n, g in named.items()},
+                     "W_x": (w_x, (D, D)), "W_h": (w_h, (D, D)), "b": (b, (D,)), "h0": (h0, (B, D))})
+    tensors = {"x": x, **named, "W_x": w_x, "W_h": w_h, "b": b, "h0": h0}
+    validate.dtypes(tensors, DTYPES)
+    validate.devices(tensors)
+
+
+def plan(B: int, D: int, dtype: torch.dtype, path: str = "auto",
+         epilogue: str = "tanh_silu_gate") -> str:
     """Which implementation runs for this size: 'persistent', 'graph' or 'steps'."""
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
-    ext = ops.load()
-    ok, why = ext.dense_persistent_supported(B, D, dtype == torch.bfloat16)
+    validate.nonempty("(B, D)", (B, D), "B and D")
+    ok, why = _ext().persistent_supported(B, D, dtype == torch.bfloat16, epilogue_id(epilogue))
     if path == "persistent" and not ok:
         raise ValueError(f"the persistent kernel does not take B={B}, D={D}, {dtype}: {why}")
     capturing = torch.cuda.is_current_stream_capturing()
@@ -61,28 +100,53 @@ def plan(B: int, D: int, dtype: torch.dtype, path: str = "auto") -> str:
     return "persistent" if ok else ("steps" if capturing else "graph")
 
 
-def paths(B: int, D: int, dtype: torch.dtype) -> list[str]:
+def paths(B: int, D: int, dtype: torch.dtype, epilogue: str = "tanh_silu_gate") -> list[str]:
     """Every implementation that runs this size (the parity suite checks each)."""
-    return (["persistent"] if plan(B, D, dtype) == "persistent" else []) + ["graph", "steps"]
+    persistent = plan(B, D, dtype, epilogue=epilogue) == "persistent"
+    return (["persistent"] if persistent else []) + ["graph", "steps"]
 
 
-_graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, dict[str, torch.Tensor]]] = {}
+# ---- the raw op on preallocated buffers ---------------------------------------------------
+_graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, dict]] = {}
 
 
-def _replayed(name: str, args: dict[str, torch.Tensor], outs: dict[str, torch.Tensor]) -> None:
-    """Run the per-step op `name` of the extension (dense_forward / dense_backward) from a
-    CUDA graph captured once per shape: copy `args` into the graph's static inputs, replay,
-    copy its static outputs into `outs`."""
-    ext = ops.load()
-    key = (name, *(tuple(t.shape) for t in args.values()), args["z"].dtype, args["z"].device)
+def _static_like(v):
+    if v is None:
+        return None
+    if isinstance(v, (list, tuple)):
+        return [torch.zeros_like(t) for t in v]
+    return torch.zeros_like(v)
+
+
+def _pairs(static: dict, given: dict):
+    for k, v in given.items():
+        if isinstance(v, (list, tuple)):
+            yield from zip(static[k], v)
+        elif v is not None:
+            yield static[k], v
+
+
+def _replayed(direction: str, eid: int, args: dict, outs: dict) -> None:
+    """Run the per-step op (`forward` or `backward` of the extension) from a CUDA graph
+    captured once per epilogue and shape: copy `args` into the graph's static inputs, replay,
+    copy its static outputs into `outs`. Values may be tensors, lists of tensors (gates) or
+    None (no bias)."""
+    ext = _ext()
+    like = args["w_h"]
+
+    def sig(v):
+        if v is None:
+            return None
+        return tuple(tuple(t.shape) for t in v) if isinstance(v, (list, tuple)) else tuple(v.shape)
+    key = (direction, eid, *(sig(v) for v in args.values()), like.dtype, like.device)
     if key not in _graphs:
         if len(_graphs) >= GRAPH_CACHE_SIZE:
             _graphs.pop(next(iter(_graphs)))
-        static = {k: torch.zeros_like(t) for k, t in {**args, **outs}.items()}
+        static = {k: _static_like(v) for k, v in {**args, **outs}.items()}
 
         def call():
-            getattr(ext, name)(**static, epilogue=GATE_SILU, persistent=False)
-        side = torch.cuda.Stream(device=args["z"].device)
+            getattr(ext, direction)(eid, **static, persistent=False)
+        side = torch.cuda.Stream(device=like.device)
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             call()  # warm-up outside the capture (cuBLAS handle and workspace)
@@ -92,87 +156,101 @@ def _replayed(name: str, args: dict[str, torch.Tensor], outs: dict[str, torch.Te
             call()
         _graphs[key] = (graph, static)
     graph, static = _graphs[key]
-    for k, t in args.items():
-        static[k].copy_(t)
+    for dst, src in _pairs(static, args):
+        dst.copy_(src)
     if ops.is_poisoned():  # parity runs: show any output element the replay leaves unwritten
-        for k in outs:
-            static[k].fill_(float("nan"))
+        for dst, _ in _pairs(static, outs):
+            dst.fill_(float("nan"))
     graph.replay()
-    for k, t in outs.items():
-        t.copy_(static[k])
+    for src, dst in _pairs(static, outs):
+        dst.copy_(src)
 
 
-def _aligned(t: torch.Tensor) -> torch.Tensor:
-    """`t`, or a copy of it where its data does not start 16-byte aligned (a contiguous view
-    at an odd storage offset): the persistent kernels copy their inputs 16 bytes at a time,
-    and the binding refuses such a view rather than fault."""
-    return t if t.data_ptr() % 16 == 0 else t.clone()
-
-
-def _forward_op(chosen: str, wx, z, w_h, b, h0, out, h_all) -> None:
-    if chosen == "graph":
-        _replayed("dense_forward", dict(wx=wx, z=z, w_h=w_h, b=b, h0=h0), dict(out=out, h_all=h_all))
+def forward_into(path: str, epilogue: str, wx, gates, w_h, b, h0, out, h_all) -> None:
+    """The raw forward on preallocated buffers (`path` in persistent, graph, steps)."""
+    if path not in RAW_PATHS:
+        raise ValueError(f"path must be one of {RAW_PATHS}, got {path!r}")
+    eid, gates = epilogue_id(epilogue), list(gates)
+    if path == "graph":
+        _replayed("forward", eid, dict(wx=wx, gates=gates, w_h=w_h, b=b, h0=h0),
+                  dict(out=out, h_all=h_all))
     else:
-        ops.load().dense_forward(wx, z, w_h, b, h0, out, h_all, GATE_SILU, chosen == "persistent")
+        _ext().forward(eid, wx, gates, w_h, b, h0, out, h_all, path == "persistent")
 
 
-def _backward_op(chosen: str, w_h, h_all, z, d_out, d_hT, dv, dz, dh0) -> None:
-    if chosen == "graph":
-        _replayed("dense_backward", dict(w_h=w_h, h_all=h_all, z=z, d_out=d_out, d_hT=d_hT),
-                  dict(dv=dv, dz=dz, dh0=dh0))
+def backward_into(path: str, epilogue: str, w_h, h_all, gates, d_out, d_hT, dv, d_gates, dh0) -> None:
+    """The raw backward on preallocated buffers (`path` in persistent, graph, steps)."""
+    if path not in RAW_PATHS:
+        raise ValueError(f"path must be one of {RAW_PATHS}, got {path!r}")
+    eid, gates, d_gates = epilogue_id(epilogue), list(gates), list(d_gates)
+    if path == "graph":
+        _replayed("backward", eid, dict(w_h=w_h, h_all=h_all, gates=gates, d_out=d_out, d_hT=d_hT),
+                  dict(dv=dv, d_gates=d_gates, dh0=dh0))
     else:
-        ops.load().dense_backward(w_h, h_all, z, d_out, d_hT, dv, dz, dh0, GATE_SILU,
-                                  chosen == "persistent")
+        _ext().backward(eid, w_h, h_all, gates, d_out, d_hT, dv, d_gates, dh0,
+                        path == "persistent")
 
 
-class GatedCell(torch.autograd.Function):
-    """Autograd over the compiled dense op (x, z, W_x, W_h, b, h0) -> (out, h_T)."""
+# ---- autograd -------------------------------------------------------------------------------
+class DenseCell(torch.autograd.Function):
+    """Autograd over the compiled dense op (x, W_x, W_h, b, h0, *gates) -> (out, h_T)."""
 
     @staticmethod
-    def forward(ctx, x, z, w_x, w_h, b, h0, path):
+    def forward(ctx, epilogue, path, x, w_x, w_h, b, h0, *gates):
         T, B, D = x.shape
-        chosen = plan(B, D, x.dtype, path)
-        x, z, w_x, w_h, b, h0 = (t.contiguous() for t in (x, z, w_x, w_h, b, h0))
+        chosen = plan(B, D, x.dtype, path, epilogue)
+        x, w_x, w_h, b, h0 = (validate.contiguous(t) for t in (x, w_x, w_h, b, h0))
+        gates = [validate.contiguous(g) for g in gates]
+        if chosen == "persistent":  # its kernels copy the staged inputs 16 bytes at a time
+            gates = [validate.aligned(g) for g in gates]
+        wx = x if w_x is None else (x.reshape(T * B, D) @ w_x.t()).view(T, B, D)
         if chosen == "persistent":
-            z = _aligned(z)
-        wx = (x.reshape(T * B, D) @ w_x.t()).view(T, B, D)
+            wx = validate.aligned(wx)
         out = ops.empty((T, B, D), x)
         h_all = ops.empty((T + 1, B, D), x)
-        _forward_op(chosen, wx, z, w_h, b, h0, out, h_all)
-        ctx.save_for_backward(x, z, w_x, w_h, h_all)
-        ctx.path = chosen
+        forward_into(chosen, epilogue, wx, gates, w_h, b, h0, out, h_all)
+        ctx.save_for_backward(x, w_x, w_h, h_all, *gates)
+        ctx.path, ctx.epilogue, ctx.has_b = chosen, epilogue, b is not None
         last_path["forward"] = chosen
         return out, h_all[T]
 
     @staticmethod
     def backward(ctx, d_out, d_hT):
-        x, z, w_x, w_h, h_all = ctx.saved_tensors
+        x, w_x, w_h, h_all, *gates = ctx.saved_tensors
         T, B, D = x.shape
         d_out = (torch.zeros_like(x) if d_out is None else d_out).to(x.dtype).contiguous()
         if ctx.path == "persistent":
-            d_out = _aligned(d_out)
+            d_out = validate.aligned(d_out)
         d_hT = (torch.zeros_like(h_all[0]) if d_hT is None else d_hT).to(x.dtype).contiguous()
         dv = ops.empty((T, B, D), x)
-        dz = ops.empty((T, B, D), x)
+        d_gates = [ops.empty((T, B, D), x) for _ in gates]
         dh0 = ops.empty((B, D), x)
         chosen = "steps" if ctx.path == "graph" and torch.cuda.is_current_stream_capturing() \
             else ctx.path
-        _backward_op(chosen, w_h, h_all, z, d_out, d_hT, dv, dz, dh0)
+        backward_into(chosen, ctx.epilogue, w_h, h_all, gates, d_out, d_hT, dv, d_gates, dh0)
         last_path["backward"] = chosen
         dv2 = dv.view(T * B, D)
         dw_h = dv2.t() @ h_all[:T].reshape(T * B, D)
-        dw_x = dv2.t() @ x.view(T * B, D)
-        dx = (dv2 @ w_x).view(T, B, D)
-        db = dv2.sum(0, dtype=torch.float32).to(x.dtype)  # fp32 sum, no fp32 copy of dv
-        return dx, dz, dw_x, dw_h, db, dh0, None
+        if w_x is None:
+            dx, dw_x = dv, None
+        else:
+            dw_x = dv2.t() @ x.view(T * B, D)
+            dx = (dv2 @ w_x).view(T, B, D)
+        db = dv2.sum(0, dtype=torch.float32).to(x.dtype) if ctx.has_b else None  # no fp32 copy of dv
+        return None, None, dx, dw_x, dw_h, db, dh0, *d_gates
 
 
-def gated_cell_cuda(x, z, w_x, w_h, b, h0=None, path: str = "auto"):
-    """CUDA implementation of the gated cell; same signature as the references."""
-    check_inputs(x, z, h0)
-    for name, t in (("x", x), ("z", z), ("W_x", w_x), ("W_h", w_h), ("b", b)):
-        if not t.is_cuda:
-            raise ValueError(f"backend='cuda' needs CUDA tensors; {name} is on {t.device}")
+def cell(epilogue: str, x: torch.Tensor, gates: tuple, w_x: torch.Tensor | None,
+         w_h: torch.Tensor, b: torch.Tensor | None, h0: torch.Tensor | None = None,
+         path: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """The dense cell on the GPU with epilogue `epilogue` (a name of `epilogues()`):
+    returns (out [T, B, D], h_T [B, D]), differentiable in x, every gate, W_x, W_h, b and h0.
+    Inputs are validated before the extension is loaded; unsupported input raises, never
+    falls back."""
+    validate_cell(x, gates, w_x, w_h, b, h0, path)
+    expected = _gate_count(epilogue)
+    if len(gates) != expected:
+        raise ValueError(f"epilogue {epilogue!r} takes {expected} gate input(s), got {len(gates)}")
     if h0 is None:
         h0 = x.new_zeros(x.shape[1:])
-    return GatedCell.apply(x, z, w_x, w_h, b, h0, path)
+    return DenseCell.apply(epilogue, path, x, w_x, w_h, b, h0, *gates)
