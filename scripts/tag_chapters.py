@@ -35,8 +35,8 @@ INJECTED = "injected-parameters"
 REMOVED = {"remove-cell", "remove_cell", "remove-input", "remove_input"}
 
 
-def toc_notebooks(root: Path = ROOT) -> list[Path]:
-    """The notebooks `_toc.yml` lists, in order."""
+def toc_names(root: Path = ROOT) -> list[str]:
+    """Every page `_toc.yml` lists (root first), as paths without suffix from `root`."""
     toc = yaml.safe_load((root / "_toc.yml").read_text())
     names: list[str] = [toc["root"]]
 
@@ -48,7 +48,12 @@ def toc_notebooks(root: Path = ROOT) -> list[Path]:
                 walk(item.get(key, []))
 
     walk(toc.get("chapters", []) + toc.get("parts", []))
-    return [root / f"{n}.ipynb" for n in names if (root / f"{n}.ipynb").is_file()]
+    return names
+
+
+def toc_notebooks(root: Path = ROOT) -> list[Path]:
+    """The notebooks `_toc.yml` lists, in order."""
+    return [root / f"{n}.ipynb" for n in toc_names(root) if (root / f"{n}.ipynb").is_file()]
 
 
 def wanted_tags(cell: nbformat.NotebookNode) -> list[str]:

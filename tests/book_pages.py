@@ -1,28 +1,19 @@
 """The pages of the book as `_toc.yml` lists them, for the book, chapter and registry tests."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import nbformat
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+from tag_chapters import toc_names  # noqa: E402  (scripts/ is no package)
 
 
 def toc_pages() -> list[Path]:
     """Every page of `_toc.yml` (root first), as paths relative to the repository root."""
-    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
-    names = [toc["root"]]
-
-    def walk(items: list[dict]) -> None:
-        for item in items:
-            if "file" in item:
-                names.append(item["file"])
-            for key in ("chapters", "sections", "parts"):
-                walk(item.get(key, []))
-
-    walk(toc.get("chapters", []) + toc.get("parts", []))
-    return [_with_suffix(name) for name in names]
+    return [_with_suffix(name) for name in toc_names(ROOT)]
 
 
 def _with_suffix(name: str) -> Path:
