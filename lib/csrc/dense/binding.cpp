@@ -51,6 +51,7 @@ void backward(int64_t epilogue, const at::Tensor& w_h, const at::Tensor& h_all,
               at::Tensor& dh0, bool persistent) {
   const auto check = elman::check::leading(d_out, "d_out", 3, kDims, {at::kFloat, at::kBFloat16});
   const int64_t T = d_out.size(0), B = d_out.size(1), D = d_out.size(2);
+  check(d_out, "d_out", {T, B, D});
   if (B * D >= (int64_t(1) << 31)) value_error("B * D must be below 2^31, got " + num(B * D));
   const int n_gates = elman::dense_gates_of(epilogue);
   check(w_h, "W_h", {D, D});

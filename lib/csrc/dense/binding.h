@@ -56,6 +56,7 @@ inline DenseForward dense_forward_operands(int64_t epilogue, const at::Tensor& w
                                            std::initializer_list<at::ScalarType> dtypes) {
   const auto check = check::leading(wx, "wx", 3, "[T, B, D]", dtypes);
   const int64_t T = wx.size(0), B = wx.size(1), D = wx.size(2);
+  check(wx, "wx", {T, B, D});
   if (B * D >= (int64_t(1) << 31)) check::value_error("B * D must be below 2^31, got " + check::num(B * D));
   const int n_gates = dense_gates_of(epilogue);
   dense_check_gates(check, gates, n_gates, "gates", {T, B, D}, epilogue);

@@ -50,6 +50,11 @@
 
 namespace elman {
 namespace grid_design {
+// Internal linkage: each module that compiles this (elman_dense, elman_dense_jitter, elman_dev)
+// keeps its own kernels and plan caches. (With external linkage the function-local caches of
+// the plan templates are unique symbols that the dynamic linker shares across modules: the
+// jitter module then found the attributes set only on the other module's kernels.)
+namespace {
 
 constexpr int kDim = 2048;
 constexpr int kRows = 64;                         // rows of a CTA's tile
@@ -651,5 +656,6 @@ cudaError_t backward(const PersistentPlan& plan, const DenseBackward& g) {
   return launch<Epi>(plan, true, g.stream, a, g.xchg);
 }
 
+}  // namespace
 }  // namespace grid_design
 }  // namespace elman

@@ -50,6 +50,11 @@
 
 namespace elman {
 namespace cluster_design {
+// Internal linkage: each module that compiles this (elman_dense, elman_dense_jitter, elman_dev)
+// keeps its own kernels and plan caches. (With external linkage the function-local caches of
+// the plan templates are unique symbols that the dynamic linker shares across modules: the
+// jitter module then found the attributes set only on the other module's kernels.)
+namespace {
 
 namespace cg = cooperative_groups;
 
@@ -604,5 +609,6 @@ cudaError_t backward(const PersistentPlan& plan, const DenseBackward& g) {
   return launch<Epi>(plan, g.dim, true, g.stream, a);
 }
 
+}  // namespace
 }  // namespace cluster_design
 }  // namespace elman

@@ -8,7 +8,7 @@
 namespace elman {
 
 constexpr int kMaxPersistentDim = 2048;
-__device__ __nv_bfloat16 dense_zero_bias[kMaxPersistentDim];  // zero-initialised
+static __device__ __nv_bfloat16 dense_zero_bias[kMaxPersistentDim];  // zero-initialised
 
 inline const __nv_bfloat16* bias_or_zeros(const void* b) {
   if (b != nullptr) return static_cast<const __nv_bfloat16*>(b);
