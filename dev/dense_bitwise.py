@@ -199,7 +199,7 @@ def run_after(ext, s: dict, persistent: bool) -> dict:
     return {"out": out, "h_all": h_all, "dv": dv, "dz": dz, "dh0": dh0}
 
 
-def gpu_mode(before: Path, write: bool, verbose: bool) -> int:
+def gpu_mode(before: Path, label: str, write: bool, verbose: bool) -> int:
     import torch
     from elman.core import extension, records
     if not torch.cuda.is_available():
@@ -223,7 +223,7 @@ def gpu_mode(before: Path, write: bool, verbose: bool) -> int:
         what = "bitwise equal" if equal else f"DIFFERENT elements {diff}, NaN {unwritten}"
         print(f"{path:10} {str(dtype)[6:]:9} {T:>3} {B:>4} {D:>5}  {design:8} {what}", flush=True)
         recs.append(records.make(
-            "parity", "dense:" + EPILOGUE, f"cuda:{path} bitwise vs {before.name}",
+            "parity", "dense:" + EPILOGUE, f"cuda:{path} bitwise vs {label}",
             {"T": T, "B": B, "D": D, "dtype": str(dtype)[6:], "design": design},
             {"bitwise_equal": equal, "different_elements": diff, "unwritten": unwritten,
              "passed": equal}))
@@ -237,6 +237,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--before", type=Path, default=ROOT / ".cache" / "before",
                    help="folder holding the earlier tree's lib/csrc")
+    p.add_argument("--label", default="a62a39d",
+                   help="the earlier tree's commit, for the records' impl ('cuda:persistent bitwise vs LABEL')")
     p.add_argument("--sass", action="store_true", help="compare ptxas resources and SASS (no GPU)")
     p.add_argument("--no-records", action="store_true", help="do not write parity records")
     p.add_argument("--verbose", action="store_true")
@@ -247,7 +249,7 @@ def main() -> int:
         return 2
     if args.sass:
         return sass_mode(args.before)
-    return gpu_mode(args.before, not args.no_records, args.verbose)
+    return gpu_mode(args.before, args.label, not args.no_records, args.verbose)
 
 
 if __name__ == "__main__":
