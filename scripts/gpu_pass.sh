@@ -95,7 +95,7 @@ sanitize() {
   local cs; cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   "$cs" --tool memcheck --error-exitcode 1 python3 scripts/sanitize_persistent.py || return 1
   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -lineinfo -gencode=arch=compute_90a,code=sm_90a \
-    -Ilib/csrc scripts/sanitize_persistent.cu lib/csrc/dense/persistent.cu lib/csrc/dense/grid.cu \
+    -Ilib/csrc scripts/sanitize_persistent.cu lib/csrc/dense/persistent.cu lib/csrc/dense/steps.cu \
     -o /tmp/sanitize_persistent || return 1
   timeout 540 "$cs" --tool racecheck --racecheck-report hazard --error-exitcode 1 \
     /tmp/sanitize_persistent
@@ -103,7 +103,7 @@ sanitize() {
 # E0/E1 on the persistent path against the kernels of a previous commit, bit for bit: the
 # sources of that commit in BEFORE_SRC (default .cache/before, made with
 # `git archive COMMIT lib/csrc | tar -x -C .cache/before` and carried).
-bitwise_stage() { python3 dev/dense_bitwise.py "${BEFORE_SRC:-.cache/before}"; }
+bitwise_stage() { python3 dev/dense_bitwise.py --before "${BEFORE_SRC:-.cache/before}" --label "${BEFORE_LABEL:-a62a39d}"; }
 gdn_stage() { python3 scripts/verify_gdn.py; }
 baselines_stage() {  # fla-gdn verified, then every baseline's parity, then their layers beside E1
   local ok=0

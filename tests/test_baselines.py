@@ -684,18 +684,21 @@ def test_beside_e1_and_what_ran_for_fla_gdn_from_records(tmp_path):
     assert report.layer_benchmarks([r for r in recs if r["variant"] == "E1"]) == []
 
 
-def test_chapter_shows_a_runs_baselines_beside_e1(tmp_path):
-    """The Baselines chapter as papermill runs it with `-p runs_dir <run>` (here on the CPU,
+def test_chapter_shows_a_runs_baselines_beside_e1(tmp_path, monkeypatch):
+    """The Baselines chapter as it reads a pinned run (a pins file naming the run; here on the CPU,
     quick, with the GPU run's records written by hand): the table of every baseline beside
     E1, the verify_gdn table and what ran for fla-gdn, all from that run."""
     import nbformat
     import papermill
 
     _fake_run(tmp_path / "run")
+    pins = tmp_path / "runs.yml"
+    pins.write_text(f"chapters:\n  baselines: [{tmp_path / 'run'}]\n")
     chapter = ROOT / "book" / "chapters" / "baselines.ipynb"
     out = tmp_path / "out.ipynb"
+    monkeypatch.setenv("ELMAN_PINS", str(pins))  # the kernel papermill starts inherits it
     papermill.execute_notebook(str(chapter), str(out), kernel_name="python3", cwd=str(chapter.parent),
-                               parameters={"quick": True, "device": "cpu", "runs_dir": str(tmp_path / "run")},
+                               parameters={"quick": True, "device": "cpu"},
                                progress_bar=False, execution_timeout=600)
     outputs = [o for c in nbformat.read(out, as_version=4).cells for o in c.get("outputs", [])]
     assert not [o for o in outputs if o.output_type == "error"]

@@ -65,8 +65,10 @@ def test_bad_inputs_raise_clear_errors():
     kw = {k: v.detach() for k, v in _inputs("E1").items()}
     with pytest.raises(ValueError, match="backend"):
         e1.cell(**kw, backend="triton")
-    with pytest.raises((ValueError, RuntimeError), match="CUDA"):
+    with pytest.raises(TypeError, match="float64; the kernels take float32, bfloat16"):
         e1.cell(**kw, backend="cuda")
+    with pytest.raises((ValueError, RuntimeError), match="CUDA"):
+        e1.cell(**{k: v.float() for k, v in kw.items()}, backend="cuda")
     layer = e1.E1(6, backend="reference")
     with pytest.raises(ValueError, match=r"\[B, T, dim=6\]"):
         layer(torch.randn(2, 3, 5))

@@ -1,8 +1,10 @@
 """The runs the book reads: `book/runs.yml` names, for each chapter, the run folders under
 `runs/` whose records it shows. A chapter executed on a GPU shows the run it is writing
-(`records.run_dir()`); anywhere else it reads only its pinned runs."""
+(`records.run_dir()`); anywhere else it reads only its pinned runs. `ELMAN_PINS` names another
+pins file (to render the chapters from one's own runs); its entries may be absolute paths."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import yaml
@@ -12,9 +14,14 @@ from ..core import records
 PINS = records.ROOT / "book" / "runs.yml"
 
 
+def pins_file() -> Path:
+    """`$ELMAN_PINS` if set, else `book/runs.yml`."""
+    return Path(os.environ.get("ELMAN_PINS") or PINS)
+
+
 def pinned() -> dict[str, list[str]]:
-    """Chapter (notebook stem) -> run folder names, as `book/runs.yml` lists them."""
-    data = yaml.safe_load(PINS.read_text()) or {}
+    """Chapter (notebook stem) -> run folder names, as the pins file lists them."""
+    data = yaml.safe_load(pins_file().read_text()) or {}
     return {chapter: list(runs or []) for chapter, runs in (data.get("chapters") or {}).items()}
 
 
@@ -22,8 +29,8 @@ def runs(chapter: str) -> list[Path]:
     """The run folders pinned for `chapter`; a pinned folder that is missing is an error."""
     names = pinned().get(chapter)
     if names is None:
-        raise KeyError(f"{PINS.name} pins no run for chapter {chapter!r}: name its run folders there")
-    folders = [records.RUNS / n for n in names]
+        raise KeyError(f"{pins_file().name} pins no run for chapter {chapter!r}: name its run folders there")
+    folders = [records.RUNS / n for n in names]  # an absolute name stays as it is
     missing = [f.name for f in folders if not (f / "records.jsonl").is_file()]
     if missing:
         raise FileNotFoundError(f"runs pinned for {chapter!r} have no records.jsonl: {missing}")

@@ -69,5 +69,5 @@ ENTRIES = (Entry(
     chapter="book/chapters/e01_gated_elman.ipynb",
     layer_params=layer_params, parity=parity, test_shapes=inputs.TEST_SHAPES,
     tolerance={"float32": Tolerance(1e-5, 1e-5), "bfloat16": Tolerance(1e-2, 2e-2)},
-    cuda_op="dense_forward/dense_backward",
+    cuda_op="elman_dense.forward/backward",
 ),)
