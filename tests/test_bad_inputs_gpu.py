@@ -20,7 +20,7 @@ from elman import registry
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
-WORKERS = min(8, os.cpu_count() or 1)  # processes at once; each holds a small CUDA context
+WORKERS = min(12, os.cpu_count() or 1)  # processes at once; each holds a small CUDA context
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:

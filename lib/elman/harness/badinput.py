@@ -2,10 +2,11 @@
 run in this process.
 
 From the registry, for every entry (variants and baselines alike), at a small shape:
-- op cases, on each fast implementation of the entry's parity builder (its `ParityCase`):
-  each input on the CPU, in a wrong dtype, with a wrong shape (its last dimension one
-  larger), non-contiguous, misaligned (a view at storage offset 1); an empty batch and an
-  empty sequence (B = 0, T = 0); for entries with a compiled op, the extension missing;
+- op cases, on the fast implementations of the entry's parity builder (its `ParityCase`s):
+  on the first, each input on the CPU, in a wrong dtype, with a wrong shape (its last
+  dimension one larger), non-contiguous, misaligned (a view at storage offset 1); on every
+  one, an empty batch and an empty sequence (B = 0, T = 0) and, for entries with a compiled
+  op, the extension missing;
 - layer cases: B = 0 and T = 0 through the layer, a wrong input width, a zero width at
   construction; for the variants' layers a wrong-shaped parameter (each of the cell's
   own: recurrent weight, biases, ...) and, for layers with several paths, a size or dtype
@@ -138,7 +139,9 @@ def op_cases(entry: Entry, device: str = "cuda") -> list[Case]:
     for i, case in enumerate(built):
         def valid(case=case):
             return _call(case, _leaves(case.inputs, dt))
-        for kind, mutate in MUTATIONS.items():
+        # Inputs are validated before a path is chosen: each input's mutations on the first
+        # implementation; the empty dimensions and the missing extension on every one.
+        for kind, mutate in (MUTATIONS.items() if i == 0 else ()):
             for name in case.inputs:
                 def run(case=case, name=name, mutate=mutate):
                     inputs = _leaves(case.inputs, dt)
