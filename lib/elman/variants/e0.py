@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core.entry import Entry, ParityCase, Shape, Tolerance
+from ..core import validate
 from ..core.layer import RecurrentLayer, check_backend, recurrent_weight
 from ..families.dense import inputs, op as dense
 
@@ -32,11 +33,9 @@ def cell(x, w_x, w_h, w_g, b, b_g, h0=None, backend: str = "cuda", path: str = "
     check_backend(backend)
     if backend == "reference":
         return reference(x, w_x, w_h, w_g, b, b_g, h0)
-    if x.dim() != 3 or w_g.dim() != 2 or w_g.shape[1] != x.shape[-1] or b_g.shape != w_g.shape[:1]:
-        raise ValueError(f"E0 cell: x must be [T, B, D], W_g [D, D] and b_g [D]; got x "
-                         f"{tuple(x.shape)}, W_g {tuple(w_g.shape)}, b_g {tuple(b_g.shape)}")
-    T, B, D = x.shape
-    z = torch.addmm(b_g, x.reshape(T * B, D), w_g.t()).view(T, B, -1)
+    T, B, D = validate.sequence("x", x)
+    validate.shapes({"W_g": (w_g, (D, D)), "b_g": (b_g, (D,))})
+    z = torch.addmm(b_g, x.reshape(T * B, D), w_g.t()).view(T, B, D)
     return dense.cell(EPILOGUE, x, (z,), w_x, w_h, b, h0, path)
 
 
