@@ -9,7 +9,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..core.entry import Entry, ParityCase, Shape, Tolerance
 from ..core.layer import RecurrentLayer, check_backend, recurrent_weight
 from ..families.dense import inputs, op as dense
 
@@ -57,17 +56,10 @@ def layer_params(dim: int, expansion: float = 1.0) -> int:
     return 3 * dim * D + 2 * D * D + D
 
 
-def parity(shape: Shape, dtype, device, generator) -> list[ParityCase]:
-    """One case per CUDA path that takes this size, on the same fresh inputs."""
-    return inputs.parity_cases(reference, cell, shape, dtype, device, generator)
-
-
-ENTRIES = (Entry(
-    family="dense", name="E1", kind="variant", aliases=("1",), layer=E1, reference=reference,
+ENTRIES = (inputs.entry(
+    name="E1", aliases=("1",), layer=E1, reference=reference, cell=cell,
     epilogue=EPILOGUE,
     title="Mamba-gated Elman: tanh recurrence on silu(x), output h * silu(z)",
     chapter="book/chapters/e01_gated_elman.ipynb",
-    layer_params=layer_params, parity=parity, test_shapes=inputs.TEST_SHAPES,
-    tolerance={"float32": Tolerance(1e-5, 1e-5), "bfloat16": Tolerance(1e-2, 2e-2)},
-    cuda_op="elman_dense.forward/backward",
+    layer_params=layer_params,
 ),)

@@ -7,7 +7,7 @@ from typing import Callable
 
 import torch
 
-from ...core.entry import ParityCase, Shape, shapes
+from ...core.entry import Entry, ParityCase, Shape, Tolerance, shapes
 from . import op
 
 # (T, B, D): B=1 and T=1, odd T and B, D not a multiple of 32, and the sizes the
@@ -67,3 +67,14 @@ def parity_cases(reference: Callable, cell: Callable, shape: Shape, dtype: torch
     kw = reference_inputs(reference, shape, device, generator)
     return [ParityCase(kw, lambda p=p, **a: cell(**a, backend="cuda", path=p), reference,
                        ("out", "h_T"), "cuda:" + p) for p in op.paths(shape.B, shape.D, dtype)]
+
+
+def entry(*, reference: Callable, cell: Callable, **fields) -> Entry:
+    """The registry entry of a dense variant: its own fields (name, layer, epilogue, title,
+    chapter, layer_params, ...) with the family's parity builder, shapes, tolerances and op."""
+    defaults = dict(
+        family="dense", kind="variant", test_shapes=TEST_SHAPES, cuda_op="elman_dense.forward/backward",
+        tolerance={"float32": Tolerance(1e-5, 1e-5), "bfloat16": Tolerance(1e-2, 2e-2)},
+        parity=lambda shape, dtype, device, generator: parity_cases(
+            reference, cell, shape, dtype, device, generator))
+    return Entry(reference=reference, **{**defaults, **fields})
