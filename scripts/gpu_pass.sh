@@ -71,12 +71,19 @@ gpu_tests() {
     -k "not test_variant_parity and not test_baseline_parity and not test_gdn_verification_passes"
 }
 # The groups of calls `elman warm` compiles for: those of the stages in this pass.
+# Whether the bench stage times a baseline's layer: always, unless BENCH_ARGS names --levels
+# without one (warming every baseline's benchmark shapes takes minutes).
+bench_times_baselines() {
+  [[ " ${BENCH_ARGS:-} " != *" --levels "* ]] && return 0
+  local b; for b in $BASELINES; do [[ " ${BENCH_ARGS:-} " == *" $b "* ]] && return 0; done
+  return 1
+}
 warm_stage() {
   local groups=()
-  case " ${TEST_FILES:-tests} " in *" tests "*|*" tests/ "*|*baselines*) has test && groups+=(tests);; esac
+  case " ${TEST_FILES:-tests} " in *" tests "*|*" tests/ "*|*baselines*|*bad_inputs*) has test && groups+=(tests);; esac
   { has gdn || has baselines; } && groups+=(verify)
-  { has parity || has baselines; } && groups+=(parity)
-  { has bench || has baselines; } && groups+=(bench)
+  has baselines && groups+=(parity)  # the parity stage checks the variants only
+  { has baselines || { has bench && bench_times_baselines; }; } && groups+=(bench)
   has chapters && [[ -z ${CHAPTERS:-} || $CHAPTERS == *baselines* ]] && groups+=(chapters)
   if [ ${#groups[@]} -eq 0 ]; then echo "warm: no stage of this pass runs the baselines' Triton kernels"; return 0; fi
   python3 -m elman warm --groups "${groups[@]}" ${WARM_ARGS:-}
