@@ -164,12 +164,12 @@ def test_run_description_checks_the_recorded_sources_against_the_commit(tmp_path
 
     assert records.source_changes(committed, commit) == []
     assert f"commit {commit} (sources as committed)." in describe(committed)
-    edited = dict(committed, **{"lib/csrc/dense_persistent.cu": "0" * 40})
+    edited = dict(committed, **{"lib/csrc/dense/persistent.cu": "0" * 40})
     del edited["lib/elman/core/records.py"]
     edited["lib/csrc/extra.cu"] = "1" * 40
     assert records.source_changes(edited, commit) == [
-        "lib/csrc/dense_persistent.cu", "lib/csrc/extra.cu", "lib/elman/core/records.py"]
-    assert "(3 source files differ from it: lib/csrc/dense_persistent.cu" in describe(edited)
+        "lib/csrc/dense/persistent.cu", "lib/csrc/extra.cu", "lib/elman/core/records.py"]
+    assert "(3 source files differ from it: lib/csrc/dense/persistent.cu" in describe(edited)
     (run / "run.json").write_text(json.dumps({"note": "n"}))  # an older run: the dirty flag
     assert f"commit {commit} (dirty)." in report.describe(run)
     assert records.source_changes(committed, "0" * 40) is None  # a commit git does not know

@@ -12,7 +12,8 @@ import matplotlib.pyplot as plt
 
 from ..core import records
 
-# Phases of a persistent forward step, in order (the kernel's trace marks, dense_persistent.cu).
+# Phases of a persistent forward step in the order of the kernel's trace marks
+# (lib/csrc/dense/persistent.cuh); records store them by name, in sorted order.
 TRACE_PHASES = ("wait for state", "multiply", "inputs + partials", "epilogue", "send")
 
 IMPL_STYLE = {
