@@ -62,13 +62,11 @@ def test_main_line_and_largest_steps_follow_the_kept_versions():
     assert len(lines) == 3 and lines[2] == "| 3 | change 3 | 2.00 → 1.00 | -50 % |"
 
 
-def test_wide_tables_scroll_as_html_and_stay_markdown_as_text():
+def test_wide_tables_scroll_and_stay_markdown():
     md = "| a | `b` |\n|---|---|\n| 1 & 2 | **3** |"
-    wide = tables.Wide(md)
-    html = wide._repr_html_()
-    assert html.startswith('<div class="table-scroll"><table>') and html.endswith("</table></div>")
-    assert "<th><code>b</code></th>" in html and "<td>1 &amp; 2</td><td><strong>3</strong></td>" in html
-    assert str(wide) == md
+    shown = tables.scrolled(md).data
+    assert shown.startswith("```{container} table-scroll\n") and shown.endswith("\n```")
+    assert md in shown
 
 
 def test_describe_names_the_run_folder_not_a_path(tmp_path):

@@ -103,7 +103,7 @@ def load(name: str = "dense", jitter: bool = False, verbose: bool = False) -> Mo
             f"rerun with load({name!r}, verbose=True) for the compiler's output): {exc}") from exc
     seconds = time.perf_counter() - t0
     print(f"elman: CUDA extension {module} ready in {seconds:.1f} s "
-          f"(target {' '.join(_arch_flags(cc))}, cache {out})", flush=True)
+          f"(target {' '.join(_arch_flags(cc))}, cache folder {out.name})", flush=True)
     _modules[module] = ext
     build_seconds[module] = seconds
     return ext
