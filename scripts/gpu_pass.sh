@@ -63,7 +63,7 @@ setup() {
   python3 -m ipykernel install --user --name python3 > /dev/null 2>&1 || true
   python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
 }
-build() { python3 -c "from elman.core import extension; extension.load('dense'); extension.load('dev')"; }
+build() { python3 -c "from elman.core import extension; [extension.load(n) for n in extension.NAMES]"; }
 # Parity of every registered level is the parity stage's job (it records) and the GDN check
 # the gdn stage's; the GPU tests check everything else.
 gpu_tests() {

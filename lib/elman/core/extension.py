@@ -1,8 +1,9 @@
 """The compiled CUDA extensions: one per kernel family, built on first use, cached, and never
 replaced silently.
 
-`load("dense")` compiles `lib/csrc/dense/` (kernels, the cuBLAS host loop, the binding) with
-the shared headers of `lib/csrc/common/` into the module `elman_dense`; `load("dense",
+`load(family)` compiles `lib/csrc/<family>/` (kernels, host loops, the binding) with the shared
+headers of `lib/csrc/common/` into the module `elman_<family>`, for each kernel family that has
+a folder there (`FAMILIES`: dense, diagonal, matrix, twogemm); `load("dense",
 jitter=True)` builds the same sources with ELMAN_JITTER as `elman_dense_jitter` (only the
 race test uses it); `load("dev")` builds `elman_dev`: the synchronisation probes of
 `lib/csrc/dev/` and the dense persistent forward with its trace (ELMAN_TRACE), which the
@@ -23,7 +24,8 @@ from types import ModuleType
 import torch
 
 CSRC = Path(__file__).resolve().parent.parent.parent / "csrc"
-NAMES = ("dense", "dev")
+FAMILIES = tuple(f for f in ("dense", "diagonal", "matrix", "twogemm") if (CSRC / f / "binding.cpp").is_file())
+NAMES = (*FAMILIES, "dev")
 _modules: dict[str, ModuleType] = {}
 _poison = False
 build_seconds: dict[str, float] = {}
@@ -47,7 +49,7 @@ def build_dir(cc: tuple[int, int]) -> Path:
 
 
 def module_name(name: str = "dense", jitter: bool = False) -> str:
-    """The Python module a build produces: elman_dense, elman_dense_jitter, elman_dev."""
+    """The Python module a build produces: elman_<family>, elman_dense_jitter, elman_dev."""
     if name not in NAMES:
         raise ValueError(f"unknown extension {name!r}; one of {NAMES}")
     if jitter and name != "dense":
@@ -58,8 +60,9 @@ def module_name(name: str = "dense", jitter: bool = False) -> str:
 def sources(name: str = "dense") -> tuple[list[Path], list[str], list[str]]:
     """(source files, defines, extra linker flags) of one extension."""
     dense = CSRC / "dense"
-    if name == "dense":
-        return sorted((*dense.glob("*.cu"), *dense.glob("*.cpp"))), [], ["-lcublas"]
+    if name in FAMILIES:
+        folder = CSRC / name
+        return sorted((*folder.glob("*.cu"), *folder.glob("*.cpp"))), [], ["-lcublas"]
     if name == "dev":  # probes + the traced persistent forward (no cuBLAS: no per-step path)
         dev = sorted((*(CSRC / "dev").glob("*.cu"), *(CSRC / "dev").glob("*.cpp")))
         return dev + [dense / "persistent.cu", dense / "steps.cu"], ["-DELMAN_TRACE"], []
@@ -69,7 +72,8 @@ def sources(name: str = "dense") -> tuple[list[Path], list[str], list[str]]:
 def load(name: str = "dense", jitter: bool = False, verbose: bool = False) -> ModuleType:
     """Build (first call) or load one extension; raise a clear error when impossible.
 
-    `name` is "dense" (the dense family's kernels and binding) or "dev" (probes and traces).
+    `name` is a kernel family of `FAMILIES` (its kernels and binding) or "dev" (probes and
+    traces).
     `jitter=True` builds the dense module whose persistent kernels sleep pseudo-random times
     at their synchronisation points (ELMAN_JITTER in lib/csrc/common/cluster.cuh); only
     tests/test_jitter_gpu.py uses it."""
