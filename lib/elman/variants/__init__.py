@@ -1,4 +1,5 @@
-"""The E-series variants, one module each (`e<number>.py`); `elman.registry` collects their
+"""The E-series variants, one module each (`e<number>.py`, or `e<number><suffix>.py` where one
+number has variants of two kernel families, e.g. e67lr.py); `elman.registry` collects their
 `ENTRIES` in the order of the variant numbers. A new module here is found without a list."""
 from __future__ import annotations
 
@@ -6,11 +7,14 @@ import importlib
 import pkgutil
 import re
 
-
-def _number(name: str) -> int:
-    return int(re.fullmatch(r"e(\d+)", name).group(1))
+_NAME = re.compile(r"e(\d+)([a-z]*)")
 
 
-MODULES = tuple(importlib.import_module(f"{__name__}.{m.name}")
-                for m in sorted((m for m in pkgutil.iter_modules(__path__) if re.fullmatch(r"e\d+", m.name)),
-                                key=lambda m: _number(m.name)))
+def _key(name: str) -> tuple[int, str]:
+    number, suffix = _NAME.fullmatch(name).groups()
+    return int(number), suffix
+
+
+MODULES = tuple(importlib.import_module(f"{__name__}.{name}")
+                for name in sorted((m.name for m in pkgutil.iter_modules(__path__) if _NAME.fullmatch(m.name)),
+                                   key=_key))
