@@ -63,7 +63,16 @@ setup() {
   python3 -m ipykernel install --user --name python3 > /dev/null 2>&1 || true
   python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
 }
-build() { python3 -c "from elman.core import extension; [extension.load(n) for n in extension.NAMES]"; }
+# Every extension (each kernel family's and the dev probes'), built side by side in processes
+# of their own: a family's compile error fails the stage but not the others' builds.
+build() {
+  local ok=0 pids=() n
+  for n in $(python3 -c "from elman.core import extension; print(' '.join(extension.NAMES))"); do
+    python3 -c "from elman.core import extension; extension.load('$n')" & pids+=($!)
+  done
+  for n in "${pids[@]}"; do wait "$n" || ok=1; done
+  return $ok
+}
 # Parity of every registered level is the parity stage's job (it records) and the GDN check
 # the gdn stage's; the GPU tests check everything else.
 gpu_tests() {
