@@ -25,7 +25,10 @@ def random_inputs(T: int, B: int, D: int, names: tuple[str, ...], device, genera
                   radius: float = 0.99) -> dict[str, torch.Tensor]:
     """Fresh fp64 parity inputs for a dense cell (never zeros): activations ~ N(0, 1),
     square weights Xavier-uniform, W_h rescaled to spectral norm `radius` as the layer's
-    spectral normalisation would, biases ~ N(0, 0.1), h0 ~ U(-0.5, 0.5)."""
+    spectral normalisation would, biases ~ N(0, 0.1), h0 ~ U(-0.5, 0.5). Two weight names of
+    single-matrix variants: `w` (one W [D, D] used on the input and on h, spectral norm
+    `radius`: E37, E42) and `w_xh` (E56's W = [W_x, W_h], [D, 2D]: a Xavier input half
+    beside a recurrent half of spectral norm `radius`)."""
     kw = dict(device=device, dtype=torch.float64, generator=generator)
     a = (6.0 / (2 * D)) ** 0.5
     make = {
@@ -37,13 +40,12 @@ def random_inputs(T: int, B: int, D: int, names: tuple[str, ...], device, genera
         "b_g": lambda: 0.1 * torch.randn(D, **kw),
         "h0": lambda: torch.rand(B, D, **kw) - 0.5,
     }
-    out = {}
-    for n in names:
-        if n == "w_h":
-            w = torch.randn(D, D, **kw)
-            out[n] = w * (radius / torch.linalg.matrix_norm(w, ord=2))
-        else:
-            out[n] = make[n]()
+
+    def recurrent():
+        w = torch.randn(D, D, **kw)
+        return w * (radius / torch.linalg.matrix_norm(w, ord=2))
+    make.update(w_h=recurrent, w=recurrent, w_xh=lambda: torch.cat([make["w_x"](), recurrent()], 1))
+    out = {n: make[n]() for n in names}
     return {k: v.requires_grad_() for k, v in out.items()}
 
 
