@@ -1,0 +1,109 @@
+"""Inputs of the matrix family: fresh random parity inputs (never zeros), the family's parity
+shapes, and the parity cases of a matrix variant: its recurrence core on the CUDA op against
+its reference, and its whole layer (every parameter's gradient, h0 included) on backend
+'cuda' against backend 'reference'."""
+from __future__ import annotations
+
+import inspect
+from typing import Callable
+
+import torch
+from torch.func import functional_call
+
+from ...core.entry import Entry, ParityCase, Shape, Tolerance, shapes
+from . import op
+from .reference import l2_normalize
+
+# Shape(T, B, D, H, n, v); D is the layer width of the layer cases. T = 1, B = 1, odd H, T not
+# a multiple of the checkpoint interval (16), rectangular states both ways, then every
+# supported (n, v) pair at small T (core only: D = 0 is not a layer width, so `layer_shapes`
+# leaves them out).
+TEST_SHAPES = shapes(
+    (1, 1, 32, 1, 8, 8), (17, 2, 64, 3, 16, 16), (40, 1, 64, 2, 32, 32), (23, 3, 96, 5, 24, 48),
+    (35, 2, 128, 4, 32, 64), (19, 2, 64, 1, 64, 32), (9, 2, 128, 2, 128, 128),
+    (33, 1, 96, 3, 96, 96),
+)
+PAIR_SHAPES = tuple(Shape(5, 2, 1, 1, n, v) for n in op.SIZES for v in op.SIZES)
+TOLERANCE = {"float32": Tolerance(1e-5, 1e-4), "bfloat16": Tolerance(2e-2, 3e-2)}
+
+
+def _dims(shape: Shape) -> tuple[int, int, int, int, int]:
+    n = shape.n or 4
+    return shape.T, shape.B, shape.H or 2, n, shape.v or n
+
+
+def random_inputs(T: int, B: int, H: int, n: int, v: int, names: tuple[str, ...], device,
+                  generator, decay: str = "scalar") -> dict[str, torch.Tensor]:
+    """Fresh fp64 leaves: q, k L2-normalised N(0, 1) [T, B, H, n], v ~ N(0, 1) [T, B, H, v],
+    decay ~ U(0.5, 1) ([T, B, H] or [T, B, H, v] for decay='column'), beta ~ U(0.2, 1)
+    [T, B, H], h0 ~ U(-0.5, 0.5) [B, H, n, v]."""
+    kw = dict(device=device, dtype=torch.float64, generator=generator)
+    make = {
+        "q": lambda: l2_normalize(torch.randn(T, B, H, n, **kw)),
+        "k": lambda: l2_normalize(torch.randn(T, B, H, n, **kw)),
+        "v": lambda: torch.randn(T, B, H, v, **kw),
+        "decay": lambda: 0.5 + 0.5 * torch.rand(T, B, H, *((v,) if decay == "column" else ()), **kw),
+        "beta": lambda: 0.2 + 0.8 * torch.rand(T, B, H, **kw),
+        "h0": lambda: torch.rand(B, H, n, v, **kw) - 0.5,
+    }
+    return {name: make[name]().requires_grad_() for name in names}
+
+
+def reference_inputs(reference: Callable, shape: Shape, device, generator) -> dict[str, torch.Tensor]:
+    """Inputs of a matrix reference by argument name (`random_inputs`); a Shape without H, n, v
+    gets H = 2, n = v = 4. A reference with a `decay_kind` attribute 'column' gets a per-column
+    decay."""
+    T, B, H, n, v = _dims(shape)
+    names = tuple(inspect.signature(reference).parameters)
+    return random_inputs(T, B, H, n, v, names, device, generator,
+                         getattr(reference, "decay_kind", "scalar"))
+
+
+def time_major(name: str, t: torch.Tensor) -> bool:
+    """Whether a reference input has one slice per step (q, k, v, decay, beta)."""
+    return name in ("q", "k", "v", "decay", "beta")
+
+
+def core_case(reference: Callable, fast: Callable, shape: Shape, device, generator) -> ParityCase:
+    kw = reference_inputs(reference, shape, device, generator)
+    return ParityCase(kw, fast, reference, ("o", "S_T"), "cuda:core")
+
+
+def layer_case(layer: Callable[..., torch.nn.Module], shape: Shape, device, generator,
+               label: str = "") -> ParityCase:
+    """The whole layer at width shape.D: every parameter, y and h0 are inputs; the same
+    module runs on backend 'cuda' (fast) and 'reference'."""
+    module = layer(shape.D).to(device)
+    names = [n for n, _ in module.named_parameters()]
+    kw = dict(device=device, dtype=torch.float64, generator=generator)
+    params = {n: p.detach().double().to(device) for n, p in module.named_parameters()}
+    params = {n: (p + 0.01 * torch.randn(p.shape, **kw)).requires_grad_() for n, p in params.items()}
+    y = torch.randn(shape.B, shape.T, shape.D, **kw).requires_grad_()
+    S = getattr(module, "state_shape", None)
+    h0 = (torch.rand(*S(shape.B), **kw) - 0.5).requires_grad_()
+
+    def run(backend: str, y, h0, **p):
+        module.backend = backend
+        return functional_call(module, p, (y, h0))
+
+    return ParityCase({"y": y, "h0": h0, **params}, lambda **a: run("cuda", **a),
+                      lambda **a: run("reference", **a), ("out", "S_T"),
+                      "cuda:layer" + (f"[{label}]" if label else ""))
+
+
+def entry(*, reference: Callable, cell: Callable, layer: Callable, layer_cases: Callable | None = None,
+          test_shapes=TEST_SHAPES, **fields) -> Entry:
+    """The registry entry of a matrix variant. `cell(**reference inputs)` runs its core on the
+    CUDA op; `layer_cases(shape)` gives [(label, layer factory(dim))] for the layer
+    comparisons at a shape (default: the entry's layer as registered)."""
+    cases = layer_cases or (lambda shape: [("", layer)])
+
+    def parity(shape: Shape, dtype, device, generator) -> list[ParityCase]:
+        out = [core_case(reference, cell, shape, device, generator)]
+        if shape.D > 1:
+            out += [layer_case(f, shape, device, generator, label) for label, f in cases(shape)]
+        return out
+
+    defaults = dict(family="matrix", kind="variant", test_shapes=test_shapes, tolerance=TOLERANCE,
+                    cuda_op="elman_matrix.forward/backward", parity=parity)
+    return Entry(reference=reference, layer=layer, **{**defaults, **fields})

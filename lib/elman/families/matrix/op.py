@@ -1,0 +1,89 @@
+"""The matrix family's CUDA op: the recurrence of `reference.recurrence`, the whole sequence in
+one launch per direction (lib/csrc/matrix/).
+
+forward  (q, k, v, decay, beta | None, h0, step, K) -> (o, S_T, ckpt)
+backward (q, k, v, decay, beta | None, ckpt, d_o, d_S_T, step, K) -> (dq, dk, dv, d_decay, d_beta, dh0)
+
+q, k [T, B, H, n] and v [T, B, H, v] are float32 or bfloat16 (o and dq, dk, dv take their
+dtype); decay ([T, B, H] or [T, B, H, v]), beta [T, B, H], h0 [B, H, n, v], S_T and the
+checkpoints are float32 (`recurrence` casts them, so the decay is never rounded to bf16). One
+CTA per (batch, head) keeps the head's state in registers, 8 threads per value column, each
+owning n / 8 rows; the forward stores the state every K steps; the backward walks the chunks
+in reverse, recomputes each chunk's states from its checkpoint into a per-CTA scratch and
+backpropagates step by step (`schedule.py` is the same schedule in PyTorch). Every input goes
+through elman.core.validate before the extension is loaded.
+"""
+from __future__ import annotations
+
+import torch
+
+from ...core import extension as ops
+from ...core import validate
+from .reference import STEPS, decay_of
+
+CHECKPOINT = 16                                   # K: steps between stored states
+SIZES = (8, 16, 24, 32, 48, 64, 96, 128)          # n and v the kernels take (every pair)
+DTYPES = (torch.float32, torch.bfloat16)
+STATE_DTYPES = (torch.float32, torch.bfloat16, torch.float64)
+
+
+def supported(n: int, v: int) -> bool:
+    return n in SIZES and v in SIZES
+
+
+def _ext():
+    return ops.load("matrix")
+
+
+def validate_call(q, k, v, decay, beta, h0, step: str, K: int) -> tuple[int, ...]:
+    """Every check that needs no GPU, then devices; returns (T, B, H, n, v)."""
+    if step not in STEPS:
+        raise ValueError(f"step must be one of {STEPS}, got {step!r}")
+    if not isinstance(K, int) or K < 1:
+        raise ValueError(f"the checkpoint interval K must be a positive integer, got {K!r}")
+    T, B, H, n = validate.sequence("k", k, "[T, B, H, n]")
+    vd = validate.sequence("v", v, "[T, B, H, v]")[3]
+    validate.shapes({"q": (q, (T, B, H, n)), "v": (v, (T, B, H, vd)), "h0": (h0, (B, H, n, vd)),
+                     "beta": (beta, (T, B, H))})
+    validate.sequence("decay", decay, "[T, B, H" + (", v]" if decay.dim() == 4 else "]"))
+    if tuple(decay.shape[:2]) != (T, B):
+        raise ValueError(f"decay has shape {list(decay.shape)}; expected [T={T}, B={B}, H={H}(, v={vd})]")
+    decay_of(decay, H, vd)
+    if not supported(n, vd):
+        raise ValueError(f"the matrix kernels take n and v in {SIZES}, got n={n}, v={vd}; "
+                         "use backend='reference' for other sizes")
+    validate.size_limit("T * B * H * v", T * B * H * vd)
+    validate.dtypes({"q": q, "k": k, "v": v}, DTYPES)
+    validate.dtypes({"decay": decay}, STATE_DTYPES)
+    if beta is not None:
+        validate.dtypes({"beta": beta}, STATE_DTYPES)
+    validate.dtypes({"h0": h0}, STATE_DTYPES)
+    validate.devices({"q": q, "k": k, "v": v, "decay": decay, "beta": beta, "h0": h0})
+    return T, B, H, n, vd
+
+
+class _Recurrence(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, decay, beta, h0, step, K):
+        q, k, v = (validate.aligned(validate.contiguous(t)) for t in (q, k, v))
+        o, S_T, ckpt = _ext().forward(q, k, v, decay, beta, h0, STEPS.index(step), K)
+        ctx.save_for_backward(q, k, v, decay, beta, ckpt)
+        ctx.step, ctx.K = step, K
+        return o, S_T
+
+    @staticmethod
+    def backward(ctx, d_o, d_ST):
+        q, k, v, decay, beta, ckpt = ctx.saved_tensors
+        d_o = torch.zeros_like(v) if d_o is None else d_o.to(v.dtype).contiguous()
+        d_ST = torch.zeros_like(ckpt[0]) if d_ST is None else d_ST.float().contiguous()
+        dq, dk, dv, dd, db, dh0 = _ext().backward(q, k, v, decay, beta, ckpt, d_o, d_ST,
+                                                  STEPS.index(ctx.step), ctx.K)
+        return dq, dk, dv, dd, (db if beta is not None else None), dh0, None, None
+
+
+def recurrence(q, k, v, decay, beta, h0, step: str = "tanh", K: int = CHECKPOINT):
+    """The CUDA recurrence: (o [T, B, H, v] in q's dtype, S_T [B, H, n, v] float32). decay,
+    beta and h0 are computed with in float32 (cast here, differentiably)."""
+    validate_call(q, k, v, decay, beta, h0, step, K)
+    f32 = lambda t: None if t is None else t.float().contiguous()  # noqa: E731
+    return _Recurrence.apply(q, k, v, f32(decay), f32(beta), f32(h0), step, K)

@@ -1,0 +1,89 @@
+"""The kernels' schedule in plain PyTorch: the checkpointed forward and the backward that walks
+the chunks in reverse, recomputing each chunk's states from its checkpoint, with the hand-derived
+gradient of every step. It mirrors lib/csrc/matrix/recurrence.cuh step for step (vectorised over
+batch and heads), so the CPU tests check the kernels' schedule and backward math against
+autograd of `reference.recurrence` before a GPU sees them.
+
+Checkpoint c holds the state before step c*K (checkpoint 0 = h0); there are ceil(T / K).
+Backward of one step, given dS (the gradient of S_t from later steps and the final state) and
+do_t:
+    dS += q do^T;  dq = S_t do
+    dP = dS * act'(S_t)                      (1 - S_t^2 for tanh, 1 for linear)
+    d decay = sum dP * S_{t-1}               (over i, j; over i only for a column decay)
+    delta = v - S_{t-1}^T k
+    d beta = sum_ij dP[i, j] k_i delta_j
+    d delta = beta * dP^T k;  dv = d delta
+    dk = beta * dP delta - S_{t-1} d delta
+    dS_{t-1} = decay * dP - k d delta^T
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .reference import decay_of
+
+
+def checkpoints(T: int, K: int) -> int:
+    return math.ceil(T / K)
+
+
+def _step(S, k, v, a, beta, step):
+    r = torch.einsum("bhij,bhi->bhj", S, k)
+    delta = v - r
+    write = k[..., :, None] * delta[..., None, :]
+    if beta is not None:
+        write = beta[:, :, None, None] * write
+    P = a * S + write
+    return (torch.tanh(P) if step == "tanh" else P), delta
+
+
+def _decay(decay, t, column):
+    return decay[t][:, :, None, :] if column else decay[t][:, :, None, None]
+
+
+def forward(q, k, v, decay, beta, h0, step: str = "tanh", K: int = 16):
+    """(o [T, B, H, v], S_T [B, H, n, v], ckpt [ceil(T/K), B, H, n, v])."""
+    T, B, H, n = k.shape
+    column = decay_of(decay, H, v.shape[-1]) == "column"
+    S, outs, ckpt = h0, [], []
+    for t in range(T):
+        if t % K == 0:
+            ckpt.append(S)
+        S, _ = _step(S, k[t], v[t], _decay(decay, t, column), None if beta is None else beta[t], step)
+        outs.append(torch.einsum("bhij,bhi->bhj", S, q[t]))
+    return torch.stack(outs), S, torch.stack(ckpt)
+
+
+def backward(q, k, v, decay, beta, ckpt, d_o, d_ST, step: str = "tanh", K: int = 16):
+    """(dq, dk, dv, d_decay, d_beta or None, dh0) from the checkpoints alone."""
+    T, B, H, n = k.shape
+    column = decay_of(decay, H, v.shape[-1]) == "column"
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    dd = torch.zeros_like(decay)
+    db = None if beta is None else torch.zeros_like(beta)
+    dS = d_ST.clone()
+    for c in reversed(range(checkpoints(T, K))):
+        start, end = c * K, min(T, (c + 1) * K)
+        states = [ckpt[c]]                                   # S_{start-1+s} for s = 0..end-start
+        for t in range(start, end):
+            S, _ = _step(states[-1], k[t], v[t], _decay(decay, t, column),
+                         None if beta is None else beta[t], step)
+            states.append(S)
+        for t in reversed(range(start, end)):
+            S_new, S_old = states[t - start + 1], states[t - start]
+            kt, qt, do = k[t], q[t], d_o[t]
+            b = 1.0 if beta is None else beta[t][:, :, None]
+            dS = dS + qt[..., :, None] * do[..., None, :]
+            dq[t] = torch.einsum("bhij,bhj->bhi", S_new, do)
+            dP = dS * (1 - S_new * S_new) if step == "tanh" else dS
+            dd[t] = (dP * S_old).sum(2) if column else (dP * S_old).sum((2, 3))
+            delta = v[t] - torch.einsum("bhij,bhi->bhj", S_old, kt)
+            if beta is not None:
+                db[t] = torch.einsum("bhij,bhi,bhj->bh", dP, kt, delta)
+            ddelta = b * torch.einsum("bhij,bhi->bhj", dP, kt)
+            dv[t] = ddelta
+            dk[t] = b * torch.einsum("bhij,bhj->bhi", dP, delta) - torch.einsum("bhij,bhj->bhi", S_old, ddelta)
+            dS = _decay(decay, t, column) * dP - kt[..., :, None] * ddelta[..., None, :]
+    return dq, dk, dv, dd, db, dS

@@ -1,0 +1,214 @@
+"""CPU checks of the matrix family: the E88 and E75 references (against hand-unrolled steps,
+fp64 gradcheck), the kernels' checkpoint/recompute schedule and backward math against autograd
+of the reference, every E88 option changing the output, level names, parameter counts and the
+op's validation before any launch."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from elman.families.matrix import inputs, op, reference as ref, schedule
+from elman.variants import e75, e88
+
+torch.set_default_dtype(torch.float64)
+
+
+def _core_inputs(T=6, B=2, H=3, n=4, v=5, column=False, beta=True, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    names = ("q", "k", "v", "decay", "beta", "h0") if beta else ("q", "k", "v", "decay", "h0")
+    kw = inputs.random_inputs(T, B, H, n, v, names, "cpu", g, "column" if column else "scalar")
+    if not beta:
+        kw["beta"] = None
+    return kw
+
+
+def test_e88_core_matches_hand_unrolled_steps():
+    kw = {k: t.detach() for k, t in _core_inputs().items()}
+    o, S_T = e88.reference(**kw)
+    S = kw["h0"].clone()
+    B, H = S.shape[:2]
+    for t in range(kw["k"].shape[0]):
+        for b in range(B):
+            for h in range(H):
+                k, q, v = kw["k"][t, b, h], kw["q"][t, b, h], kw["v"][t, b, h]
+                delta = v - S[b, h].t() @ k
+                P = kw["decay"][t, b, h] * S[b, h] + kw["beta"][t, b, h] * torch.outer(k, delta)
+                S[b, h] = torch.tanh(P)
+                torch.testing.assert_close(o[t, b, h], S[b, h].t() @ q)
+    torch.testing.assert_close(S_T, S)
+
+
+def test_e75_core_matches_hand_unrolled_steps():
+    kw = {k: t.detach() for k, t in _core_inputs(n=4, v=4, column=True, beta=False).items() if t is not None}
+    o, S_T = e75.reference(**kw)
+    S = kw["h0"].clone()
+    for t in range(kw["k"].shape[0]):
+        for b in range(S.shape[0]):
+            for h in range(S.shape[1]):
+                k, q, v = kw["k"][t, b, h], kw["q"][t, b, h], kw["v"][t, b, h]
+                S[b, h] = torch.tanh(kw["decay"][t, b, h][:, None] * S[b, h] + torch.outer(v - S[b, h] @ k, k))
+                torch.testing.assert_close(o[t, b, h], S[b, h] @ q)
+    torch.testing.assert_close(S_T, S)
+
+
+def test_sequence_equals_single_steps():
+    kw = {k: t.detach() for k, t in _core_inputs(T=5).items()}
+    o, S_T = e88.reference(**kw)
+    S, outs = kw["h0"], []
+    for t in range(5):
+        step = {k: (x[t:t + 1] if inputs.time_major(k, x) else x) for k, x in kw.items()}
+        out, S = e88.reference(**{**step, "h0": S})
+        outs.append(out)
+    torch.testing.assert_close(torch.cat(outs), o)
+    torch.testing.assert_close(S, S_T)
+
+
+@pytest.mark.parametrize("fn,column,beta", [(e88.reference, False, True), (e75.reference, True, False)])
+def test_core_gradcheck(fn, column, beta):
+    kw = _core_inputs(T=3, B=1, H=2, n=3, v=3, column=column, beta=beta)
+    if not beta:
+        kw.pop("beta")
+    names = list(kw)
+    assert torch.autograd.gradcheck(lambda *a: fn(**dict(zip(names, a))), tuple(kw.values()))
+
+
+@pytest.mark.parametrize("label", list(e88.OPTION_GRID))
+def test_e88_layer_gradcheck(label):
+    torch.manual_seed(0)
+    layer = e88.E88(8, 1.0, backend="reference", n_heads=2, n_state=4, **e88.OPTION_GRID[label]).double()
+    y = torch.randn(1, 3, 8, requires_grad=True)
+    h0 = (torch.rand(1, 2, 4, 4) - 0.5).requires_grad_()
+    assert torch.autograd.gradcheck(lambda y, h0: layer(y, h0), (y, h0))
+
+
+def test_e75_layer_gradcheck():
+    torch.manual_seed(0)
+    layer = e75.E75(8, 1.0, backend="reference", n_heads=2, n_state=3).double()
+    y = torch.randn(1, 3, 8, requires_grad=True)
+    h0 = (torch.rand(1, 2, 3, 3) - 0.5).requires_grad_()
+    assert torch.autograd.gradcheck(lambda y, h0: layer(y, h0), (y, h0))
+
+
+@pytest.mark.parametrize("T,K", [(1, 16), (7, 3), (16, 16), (17, 16), (40, 16), (9, 1)])
+@pytest.mark.parametrize("column,beta,step", [(False, True, "tanh"), (False, False, "linear"),
+                                              (True, False, "tanh"), (False, True, "linear")])
+def test_checkpoint_schedule_matches_autograd(T, K, column, beta, step):
+    kw = _core_inputs(T=T, B=2, H=3, n=4, v=6, column=column, beta=beta, seed=T + K)
+    leaves = [t for t in kw.values() if t is not None]
+    o, S_T = ref.recurrence(**kw, step=step)
+    g = torch.Generator().manual_seed(1)
+    d_o, d_S = torch.randn(o.shape, generator=g), torch.randn(S_T.shape, generator=g)
+    torch.autograd.backward((o, S_T), (d_o, d_S))
+    plain = {k: None if t is None else t.detach() for k, t in kw.items()}
+    o2, S2, ckpt = schedule.forward(**plain, step=step, K=K)
+    assert ckpt.shape[0] == schedule.checkpoints(T, K)
+    torch.testing.assert_close(o2, o.detach())
+    torch.testing.assert_close(S2, S_T.detach())
+    args = {k: plain[k] for k in ("q", "k", "v", "decay", "beta")}
+    grads = schedule.backward(**args, ckpt=ckpt, d_o=d_o, d_ST=d_S, step=step, K=K)
+    for leaf, grad in zip(leaves, [x for x in grads if x is not None]):
+        torch.testing.assert_close(grad, leaf.grad)
+
+
+def test_e75_runs_as_the_transposed_key_first_recurrence():
+    kw = {k: t.detach() for k, t in _core_inputs(n=4, v=4, column=True, beta=False).items() if t is not None}
+    o, S_T = e75.reference(**kw)
+    o2, S2, _ = schedule.forward(kw["q"], kw["k"], kw["v"], kw["decay"], None,
+                                 kw["h0"].transpose(-1, -2), "tanh", 16)
+    torch.testing.assert_close(o2, o)
+    torch.testing.assert_close(S2.transpose(-1, -2), S_T)
+
+
+def _e88_out(**opts):
+    torch.manual_seed(0)
+    layer = e88.E88(16, 1.0, backend="reference", n_heads=2, n_state=8, **opts).double()
+    torch.manual_seed(1)
+    y = torch.randn(2, 5, 16)
+    return layer(y)[0]
+
+
+@pytest.mark.parametrize("opts", [
+    dict(use_conv=True), dict(use_silu=False), dict(decay_mode="simple"), dict(decay_mode="constant"),
+    dict(decay_mode="none"), dict(use_l2_norm=False), dict(use_write_gate=True), dict(use_gate=False),
+    dict(gate_activation="sigmoid"), dict(use_output_norm=True), dict(value_residual=True),
+    dict(linear_state=True), dict(tie_kv=True)])
+def test_every_e88_option_changes_the_output(opts):
+    assert not torch.allclose(_e88_out(**opts), _e88_out())
+
+
+def test_e88_rejects_what_is_not_built():
+    with pytest.raises(ValueError, match="not built"):
+        e88.E88(16, n_heads=2, n_state=8, head_mix="weighted_sum")
+    with pytest.raises(ValueError, match="square"):
+        e88.E88(16, 2.0, n_heads=2, n_state=8, tie_kv=True)
+    with pytest.raises(ValueError, match="decay_mode"):
+        e88.E88(16, n_heads=2, n_state=8, decay_mode="fast")
+
+
+def test_e88_rectangular_state():
+    layer = e88.E88(32, 2.0, backend="reference", n_heads=2, n_state=8)
+    out, S = layer(torch.randn(2, 3, 32))
+    assert out.shape == (2, 3, 32) and S.shape == (2, 2, 8, 16)
+
+
+def test_level_names():
+    names = {e.name for e in e88.ENTRIES} | {e.name for e in e75.ENTRIES}
+    for level in ("E88", "E88f_h32n16", "E88f_h24n24", "E88e_h8_75m", "E88b_nonorm", "E88d_h12",
+                  "E88d_h20", "E88f_h4", "E88f_h6", "75", "75n32", "75n48", "75n64", "75n96",
+                  "E88h83n32", "E75h4n32"):
+        assert level in names
+    assert e88.level_options("E88h7n24") == dict(n_heads=7, n_state=24)
+    assert e88.level_options("e88h5") == dict(n_heads=5, n_state=32)
+    assert e88.level_options("E88f_h24n24")["n_heads"] == 24
+    assert e75.level_options("E75h3n48") == dict(n_heads=3, n_state=48)
+    assert e75.level_options("75n96") == dict(n_heads=1, n_state=96)
+    layer = e88.layer_for("E88h3n8", 32, backend="reference")
+    assert (layer.H, layer.n, layer.v) == (3, 8, 8)
+    with pytest.raises(ValueError):
+        e88.level_options("E89")
+
+
+@pytest.mark.parametrize("entry", [*e88.ENTRIES, *e75.ENTRIES], ids=lambda e: e.name)
+@pytest.mark.parametrize("dim,expansion", [(128, 1.0), (256, 1.5), (256, 2.0)])
+def test_layer_params(entry, dim, expansion):
+    layer = entry.layer(dim, expansion=expansion, backend="reference")
+    assert entry.layer_params(dim, expansion) == sum(p.numel() for p in layer.parameters())
+
+
+@pytest.mark.parametrize("opts", list(e88.OPTION_GRID.values()) + [dict(use_write_gate=True, n_state=16)])
+def test_e88_params_formula_with_options(opts):
+    opts = {"n_heads": 3, "n_state": 8, **opts}
+    layer = e88.E88(48, 1.0, backend="reference", **opts)
+    assert e88.params(48, 1.0, **opts) == sum(p.numel() for p in layer.parameters())
+
+
+def test_op_validates_before_launch():
+    kw = {k: None if t is None else t.detach().float() for k, t in _core_inputs(n=8, v=8).items()}
+    with pytest.raises(ValueError, match="CUDA"):
+        op.recurrence(**kw)
+    bad = dict(kw, q=kw["q"][:, :, :, :4])
+    with pytest.raises(ValueError, match="q has shape"):
+        op.recurrence(**bad)
+    small = {k: None if t is None else t.detach().float() for k, t in _core_inputs(n=4, v=8).items()}
+    with pytest.raises(ValueError, match="take n and v"):
+        op.recurrence(**small)
+    with pytest.raises(ValueError, match="empty"):
+        op.recurrence(**dict(kw, q=kw["q"][:0], k=kw["k"][:0], v=kw["v"][:0]))
+    with pytest.raises(TypeError, match="dtype"):
+        op.recurrence(**dict(kw, q=kw["q"].half(), k=kw["k"].half(), v=kw["v"].half()))
+    with pytest.raises(ValueError, match="checkpoint"):
+        op.recurrence(**kw, K=0)
+    with pytest.raises(ValueError, match="decay"):
+        op.recurrence(**dict(kw, decay=kw["decay"][..., None]))
+
+
+def test_parity_cases_build_on_cpu():
+    g = torch.Generator().manual_seed(0)
+    entry = e88.ENTRIES[0]
+    cases = entry.parity(inputs.TEST_SHAPES[1], torch.float32, "cpu", g)
+    assert [c.impl for c in cases][:2] == ["cuda:core", "cuda:layer[defaults]"]
+    for c in cases:                      # the reference side of each case runs on the CPU
+        outs = c.reference(**c.inputs)
+        assert len(outs) == len(c.outputs)
+    e75_cases = e75.ENTRIES[1].parity(e75.ENTRIES[1].test_shapes[0], torch.float32, "cpu", g)
+    assert all(len(c.reference(**c.inputs)) == 2 for c in e75_cases)
