@@ -1,0 +1,191 @@
+"""The two-GEMM family on the CPU: references, layers, registry entries, the op's per-step
+loops and tape checkpoint/recompute schedule with the fused stages in PyTorch (stages.py)
+against autograd through the references, E4's product normalisation, and validation."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from elman import registry
+from elman.core.entry import Shape, rel_error
+from elman.families.twogemm import inputs, op
+from elman.harness import parity
+
+LEVELS = ["4", "5", "66", "66r16", "66r64", "66r128", "67lr", "23", "23n32", "23n128"]
+SHAPES = [(1, 1, 8), (7, 3, 10), (10, 2, 12), (17, 2, 6)]
+
+
+@pytest.fixture
+def emulated(monkeypatch):
+    """The variants' cells with backend="cuda" run the op's loops on PyTorch stages."""
+    def lowrank(mode, a, c, u, v, b, h0=None, path="auto"):
+        h0 = a.new_zeros(a.shape[1:]) if h0 is None else h0
+        return op.lowrank_emulated(mode, a, c, u, v, b, h0)
+
+    def tape(x, z, w_x, w_h, w_wr, b, h0, tape0, path="auto"):
+        return op.tape_emulated(x, z, w_x, w_h, w_wr, b, h0, tape0)
+    monkeypatch.setattr(op, "lowrank_cell", lowrank)
+    monkeypatch.setattr(op, "tape_cell", tape)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_entry(level):
+    e = registry.get(level)
+    assert e.family == "twogemm" and e.parity is not None and e.test_shapes
+    assert registry.get("E" + level) is e
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("T,B,D", SHAPES)
+def test_op_loops_match_reference(emulated, level, T, B, D):
+    """Every output, final state and gradient of the op's loops (stages in PyTorch, fp64)
+    against autograd through the reference, on the entry's parity inputs."""
+    e = registry.get(level)
+    n = 8 if level.startswith("23") else None
+    g = torch.Generator().manual_seed(T * 100 + D)
+    rank = {"66r16": 16, "66r64": 5, "66r128": 3}.get(level)
+    kw = inputs.reference_inputs(e.reference, Shape(T, B, D, None, n), "cpu", g, rank)
+    fast_cell = _cell_of(e)
+    ref_in = {k: v.detach().clone().requires_grad_() for k, v in kw.items()}
+    fast_in = {k: v.detach().clone().requires_grad_() for k, v in kw.items()}
+    ref_out = e.reference(**ref_in)
+    fast_out = fast_cell(**fast_in)
+    assert len(ref_out) == len(fast_out)
+    grads = [torch.randn(r.shape, dtype=torch.float64, generator=g) for r in ref_out]
+    torch.autograd.backward(ref_out, grads)
+    torch.autograd.backward(fast_out, grads)
+    for f, r in zip(fast_out, ref_out):
+        assert rel_error(f, r) < 1e-12
+    errors = {k: rel_error(fast_in[k].grad, ref_in[k].grad) for k in kw}
+    assert max(errors.values()) < 1e-10, errors
+
+
+def _cell_of(entry):
+    """What the entry's parity cases run: its cell with backend="cuda"."""
+    return entry.parity(Shape(1, 1, 4, None, 8 if entry.name.startswith("E23") else None),
+                        torch.float64, "cpu", torch.Generator().manual_seed(0))[0].fast
+
+
+@pytest.mark.parametrize("T", [1, 2, 3, 4, 5, 9, 10, 16, 17])
+def test_tape_schedule_any_length(T):
+    """The checkpoint interval and the segment boundaries at every T near a square."""
+    K = op.checkpoint_interval(T)
+    assert K * K >= T and (K - 1) * (K - 1) < T
+    e = registry.get("23")
+    g = torch.Generator().manual_seed(T)
+    kw = inputs.reference_inputs(e.reference, Shape(T, 2, 6, None, 3), "cpu", g)
+    ref_in = {k: v.detach().clone().requires_grad_() for k, v in kw.items()}
+    fast_in = {k: v.detach().clone().requires_grad_() for k, v in kw.items()}
+    ref_out = e.reference(**ref_in)
+    fast_out = op.tape_emulated(**fast_in)
+    grads = [torch.randn(r.shape, dtype=torch.float64, generator=g) for r in ref_out]
+    torch.autograd.backward(ref_out, grads)
+    torch.autograd.backward(fast_out, grads)
+    for f, r in zip(fast_out, ref_out):
+        assert rel_error(f, r) < 1e-12
+    for k in kw:
+        assert rel_error(fast_in[k].grad, ref_in[k].grad) < 1e-10, k
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_layer_runs_on_reference(level):
+    e = registry.get(level)
+    torch.manual_seed(0)
+    layer = e.layer(32, expansion=1.5, backend="reference")
+    y = torch.randn(2, 5, 32)
+    out, h, *rest = layer(y)
+    assert out.shape == (2, 5, 32) and torch.isfinite(out).all()
+    assert sum(p.numel() for p in layer.parameters()) == e.layer_params(32, 1.5)
+    out.sum().backward()
+    assert all(p.grad is not None for p in layer.parameters())
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_layer_emulated_matches_reference(emulated, level):
+    """The layer with backend="cuda" (op loops on PyTorch stages) equals backend="reference"."""
+    e = registry.get(level)
+    torch.manual_seed(1)
+    ref = e.layer(16, expansion=1.0, backend="reference").double()
+    fast = e.layer(16, expansion=1.0, backend="cuda").double()
+    fast.load_state_dict(ref.state_dict())
+    ref.eval(), fast.eval()
+    y = torch.randn(3, 6, 16, dtype=torch.float64)
+    for a, b in zip(fast(y), ref(y)):
+        assert rel_error(a, b) < 1e-12
+
+
+def test_e23_slots_per_level():
+    for level, n in (("23", 8), ("23n32", 32), ("23n128", 128)):
+        layer = registry.get(level).layer(16, backend="reference")
+        assert layer.slots == n
+        assert layer(torch.randn(1, 2, 16))[2].shape == (1, n, 16)
+
+
+def test_e66_ranks_per_level():
+    for level, r in (("66", 16), ("66r16", 16), ("66r64", 64), ("66r128", 128)):
+        assert registry.get(level).layer(32, backend="reference").rank == r
+    assert registry.get("66").layer(256, backend="reference").rank == 64
+    assert registry.get("67lr").layer(256, backend="reference").rank == 32
+    assert registry.get("4").layer(256, expansion=2.0, backend="reference").rank == 64
+    assert registry.get("5").layer(256, backend="reference").rank == 32
+
+
+def test_e4_product_norm():
+    """E4's normalised product has spectral norm 0.95 (after the power iteration settles) and
+    its gradient reaches U and V through the scale."""
+    torch.manual_seed(0)
+    layer = registry.get("4").layer(32, expansion=1.0, backend="reference").double()
+    for _ in range(30):
+        u, v = layer.norm(layer.u, layer.v)
+    sigma = torch.linalg.matrix_norm((u @ v).detach(), ord=2)
+    assert abs(sigma.item() - 0.95) < 1e-3
+    layer.eval()
+    def scaled(a, b):
+        return layer.norm(a, b)
+    assert torch.autograd.gradcheck(scaled, (layer.u.detach().clone().requires_grad_(),
+                                             layer.v.detach().clone().requires_grad_()))
+
+
+def test_reference_checks_low_rank():
+    for level in ("4", "5", "66", "67lr"):
+        table = parity.reference_checks(level)
+        assert "| pass |" in table
+
+
+def test_e23_state_carries():
+    """E23's whole sequence equals T single steps carrying (w, tape)."""
+    e = registry.get("23")
+    kw = {k: v.detach() for k, v in inputs.reference_inputs(
+        e.reference, Shape(5, 2, 6, None, 4), "cpu", torch.Generator().manual_seed(0)).items()}
+    out, w_T, tape_T = e.reference(**kw)
+    w, tape, outs = kw["h0"], kw["tape0"], []
+    for t in range(5):
+        o, w, tape = e.reference(**{**kw, "x": kw["x"][t:t + 1], "z": kw["z"][t:t + 1],
+                                    "h0": w, "tape0": tape})
+        outs.append(o)
+    assert torch.allclose(torch.cat(outs), out) and torch.allclose(w, w_T) and torch.allclose(tape, tape_T)
+
+
+def test_validation_before_launch():
+    e = registry.get("23")
+    kw = {k: v.detach().float() for k, v in inputs.reference_inputs(
+        e.reference, Shape(3, 2, 8, None, 4), "cpu", torch.Generator().manual_seed(0)).items()}
+    with pytest.raises(ValueError, match="CUDA"):
+        op.tape_cell(**kw)
+    big = {**kw, "tape0": torch.zeros(2, op.MAX_SLOTS + 1, 8)}
+    with pytest.raises(ValueError, match="unsupported"):
+        op.tape_cell(**big)
+    with pytest.raises(ValueError, match="empty"):
+        op.tape_cell(**{**kw, "x": kw["x"][:0]})
+    with pytest.raises(ValueError, match="persistent"):
+        op.plan("persistent")
+    with pytest.raises(TypeError, match="dtype"):
+        op.tape_cell(**{**kw, "b": kw["b"].double()})
+    lw = {"a": torch.randn(3, 2, 8), "c": torch.randn(3, 2, 8), "u": torch.randn(8, 2),
+          "v": torch.randn(2, 8), "b": torch.randn(8), "h0": torch.randn(2, 8)}
+    with pytest.raises(ValueError, match="CUDA"):
+        op.lowrank_cell("tanh_gate", **lw)
+    with pytest.raises(ValueError, match="shape"):
+        op.lowrank_cell("tanh_gate", **{**lw, "v": torch.randn(3, 8)})
+    with pytest.raises(ValueError, match="mode"):
+        op.lowrank_cell("nope", **lw)
