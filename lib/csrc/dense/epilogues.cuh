@@ -82,12 +82,53 @@ struct TanhSiluGate {
   }
 };
 
+// The self gate of E33, E36-E39, E42: out = h * silu(h) = h^2 sigma(h), no gate input. The
+// activation is a template parameter: tanh (E33, E37, E38, E39) or the identity (the linear
+// E36 and E42, whose act'(v) = 1). Backward: dout/dh = h sigma(h) (2 + h (1 - sigma(h)));
+// act'(v) from the stored h. kApprox computes sigma with the hardware tanh as TanhSiluGate.
+template <bool kApprox, bool kTanh>
+struct SelfGate {
+  static constexpr int kGates = 0;
+
+  __device__ __forceinline__ static float sigmoid(float z) {
+    return kApprox ? fmaf(0.5f, tanh_approx(0.5f * z), 0.5f) : sigmoidf(z);
+  }
+  __device__ __forceinline__ static float act(float v) {
+    if constexpr (kTanh) return kApprox ? tanh_approx(v) : tanhf(v);
+    else return v;
+  }
+
+  struct Pre {};
+  __device__ __forceinline__ static Pre prepare(const float (&)[1]) { return {}; }
+  __device__ __forceinline__ static float output(float h, const Pre&) { return h * h * sigmoid(h); }
+  __device__ __forceinline__ static void backward_parts(float d_out, float h, const float (&)[1],
+                                                        float& c, float& f, float (&)[1]) {
+    const float s = sigmoid(h);
+    c = d_out * (h * s) * fmaf(h, 1.f - s, 2.f);
+    f = kTanh ? 1.f - h * h : 1.f;
+  }
+};
+
+// E33, E37, E38, E39: h = tanh(v), out = h * silu(h).
+template <bool kApprox>
+struct TanhSelfGate : SelfGate<kApprox, true> {
+  static constexpr int kId = 1;
+  static constexpr const char* kName = "tanh_self_gate";
+};
+
+// E36, E42: h = v (linear recurrence), out = h * silu(h).
+template <bool kApprox>
+struct LinearSelfGate : SelfGate<kApprox, false> {
+  static constexpr int kId = 2;
+  static constexpr const char* kName = "linear_self_gate";
+};
+
 // ---- the table ---------------------------------------------------------------------------
 template <template <bool> class... E>
 struct EpilogueList {};
 
 // Every production dense epilogue. Ids must be unique (checked below).
-using DenseEpilogues = EpilogueList<TanhSiluGate>;
+using DenseEpilogues = EpilogueList<TanhSiluGate, TanhSelfGate, LinearSelfGate>;
 
 // Calls f(E<kApprox>{}) for the epilogue of `id` in List; false when no entry has that id.
 template <bool kApprox, class List>

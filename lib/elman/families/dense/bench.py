@@ -8,13 +8,18 @@
   `cudnn:bf16` (`torch.nn.RNN(tanh)`, the family's library baseline, whose input GEMM is
   inside its time).
 - `recurrent_layer_records`: the op with its input GEMM W_x x and every gradient, as
-  cuDNN's RNN layer counts one, beside cuDNN fp16/bf16.
+  cuDNN's RNN layer counts one, beside cuDNN fp16/bf16. The op's operands follow the
+  entry's reference: no W_x (E38, E39: wx = x) or no bias (E39) where its reference has
+  none, one tensor as W_x and W_h where it takes a tied `w` (E37, E42); E56's `w_xh` runs as
+  its two halves, which is E1's op.
 
 In both, every implementation returns its gradients (`torch.autograd.grad`) instead of
 adding them into the inputs' `.grad`: inside a network the input is an activation, and the
 accumulation (three passes over each [T, B, D] input) is not part of a layer's work.
 """
 from __future__ import annotations
+
+import inspect
 
 import torch
 import torch.nn.functional as F
@@ -30,8 +35,18 @@ def _tanh_silu_gate(v: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, tor
     return h, h * F.silu(z)
 
 
+def _tanh_self_gate(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    h = torch.tanh(v)
+    return h, h * F.silu(h)
+
+
+def _linear_self_gate(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return v, v * F.silu(v)
+
+
 # The epilogues in PyTorch, by the op's epilogue name: (v_t, *gates_t) -> (h_t, out_t).
-STEPS = {"tanh_silu_gate": _tanh_silu_gate}
+STEPS = {"tanh_silu_gate": _tanh_silu_gate, "tanh_self_gate": _tanh_self_gate,
+         "linear_self_gate": _linear_self_gate}
 
 
 def gate_count(epilogue: str) -> int:
@@ -201,13 +216,16 @@ def recurrent_layer_records(entry: Entry, B: int, D: int, T: int = T_DEFAULT, re
     per_set = (5 + count) * T * B * D * 2
     n = 2 if quick else rotation(per_set)
     g = torch.Generator(device="cuda").manual_seed(4321)
+    given = set(inspect.signature(entry.reference).parameters)
     sets = []
     for _ in range(n):
         t = inputs.random_inputs(T, B, D, ("x", "z", "w_x", "w_h", "b", "h0"), "cuda", g)
         t = {name: v.detach().to(torch.bfloat16).requires_grad_() for name, v in t.items()}
         extra = [torch.randn(T, B, D, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
                  for _ in range(count - 1)]
-        sets.append((t["x"], (t["z"], *extra)[:count], t["w_x"], t["w_h"], t["b"], t["h0"]))
+        w_x = t["w_h"] if "w" in given else (t["w_x"] if given & {"w_x", "w_xh"} else None)
+        b = t["b"] if "b" in given else None
+        sets.append((t["x"], (t["z"], *extra)[:count], w_x, t["w_h"], b, t["h0"]))
     grad = torch.randn(T, B, D, device="cuda", dtype=torch.bfloat16, generator=g)
 
     def fwd(i):
@@ -217,7 +235,8 @@ def recurrent_layer_records(entry: Entry, B: int, D: int, T: int = T_DEFAULT, re
     def fwdbwd(i):
         x, gates, *rest = sets[i]
         out, _ = op.cell(epilogue, *sets[i])
-        torch.autograd.grad(out, [x, *gates, *rest], grad)
+        leaves = list({id(v): v for v in (x, *gates, *rest) if v is not None}.values())
+        torch.autograd.grad(out, leaves, grad)
     fns = {path: (fwd, fwdbwd),
            "cudnn:fp16": _cudnn_fns(T, B, D, n, torch.float16),
            "cudnn:bf16": _cudnn_fns(T, B, D, n, torch.bfloat16)}

@@ -63,12 +63,13 @@ def time_major(name: str, t: torch.Tensor) -> bool:
 
 
 def parity_cases(reference: Callable, cell: Callable, shape: Shape, dtype: torch.dtype, device,
-                 generator) -> list[ParityCase]:
+                 generator, epilogue: str = "tanh_silu_gate") -> list[ParityCase]:
     """A dense variant's parity cases: its `cell` (with backend="cuda") on each path that
-    takes this size against its `reference`, on the same fresh inputs."""
+    takes this size with its `epilogue` against its `reference`, on the same fresh inputs."""
     kw = reference_inputs(reference, shape, device, generator)
     return [ParityCase(kw, lambda p=p, **a: cell(**a, backend="cuda", path=p), reference,
-                       ("out", "h_T"), "cuda:" + p) for p in op.paths(shape.B, shape.D, dtype)]
+                       ("out", "h_T"), "cuda:" + p)
+            for p in op.paths(shape.B, shape.D, dtype, epilogue)]
 
 
 def entry(*, reference: Callable, cell: Callable, **fields) -> Entry:
@@ -78,5 +79,6 @@ def entry(*, reference: Callable, cell: Callable, **fields) -> Entry:
         family="dense", kind="variant", test_shapes=TEST_SHAPES, cuda_op="elman_dense.forward/backward",
         tolerance={"float32": Tolerance(1e-5, 1e-5), "bfloat16": Tolerance(1e-2, 2e-2)},
         parity=lambda shape, dtype, device, generator: parity_cases(
-            reference, cell, shape, dtype, device, generator))
+            reference, cell, shape, dtype, device, generator,
+            fields.get("epilogue") or "tanh_silu_gate"))
     return Entry(reference=reference, **{**defaults, **fields})
