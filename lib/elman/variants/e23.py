@@ -9,8 +9,8 @@
     output  c_t = w_t * silu(z_t),  layer output W_out c_t
 
 The slot count N is a layer option (level 23: 8, 23n32: 32, 23n128: 128); no parameter
-depends on it. The layer's state is (w, M): `forward(y, h0=None, tape0=None)` returns
-(out, w_T, M_T).
+depends on it. The layer's state is the pair (w, M): `forward(y, h0=None)` returns
+(out, (w_T, M_T)), and h0 may be that pair (or w alone, with an empty tape).
 """
 from __future__ import annotations
 
@@ -61,8 +61,8 @@ def cell(x, z, w_x, w_h, w_wr, b, h0=None, tape0=None, backend: str = "cuda",
 
 
 class E23(RecurrentLayer):
-    """E23 layer on Template S: `forward(y [B, T, d], h0=None, tape0=None) -> (out, w_T [B, D],
-    tape_T [B, N, D])`. Its cell parameters: W_x, W_h (0.9 x orthogonal), W_wr, b; option
+    """E23 layer on Template S: `forward(y [B, T, d], h0=None) -> (out, (w_T [B, D],
+    tape_T [B, N, D]))`. Its cell parameters: W_x, W_h (0.9 x orthogonal), W_wr, b; option
     `slots` (N, default 8)."""
 
     paths, template = twogemm.PATHS, "S"
@@ -82,9 +82,11 @@ class E23(RecurrentLayer):
         w = (self.w_x, self.w_h, self.w_wr, self.b)
         return cell(x, z, *(p.to(dt) for p in w), h0, tape0, self.backend, self.path, self.slots)
 
-    def forward(self, y: torch.Tensor, h0: torch.Tensor | None = None,
-                tape0: torch.Tensor | None = None):
-        self.check(y, h0)
+    def forward(self, y: torch.Tensor, h0=None):
+        """h0: None, the working memory w0 [B, D] (tape zeros) or the state (w0, tape0);
+        returns (out [B, T, d], (w_T [B, D], tape_T [B, N, D]))."""
+        w0, tape0 = h0 if isinstance(h0, (tuple, list)) else (h0, None)
+        self.check(y, w0)
         B = y.shape[0]
         if tape0 is not None and tuple(tape0.shape) != (B, self.slots, self.inner):
             raise ValueError(f"tape0 must be [B, N, D] = {(B, self.slots, self.inner)}, "
@@ -96,10 +98,10 @@ class E23(RecurrentLayer):
         a, z = yt @ w_in[:D].t(), yt @ w_in[D:].t()
         if self.conv is not None:
             a = self.conv(a)
-        c, w, tape = self.cell(F.silu(a), z, None if h0 is None else h0.to(dt),
+        c, w, tape = self.cell(F.silu(a), z, None if w0 is None else w0.to(dt),
                                None if tape0 is None else tape0.to(dt))
         out = self.dropout(c) @ self.w_out.to(dt).t()
-        return out.transpose(0, 1), w, tape
+        return out.transpose(0, 1), (w, tape)
 
 
 def _fixed(name: str, n: int):
