@@ -168,3 +168,30 @@ def test_cuda_cell_rejects_cpu_inputs_before_launch(name):
     cell = importlib.import_module(entry.layer.__module__).cell
     with pytest.raises((ValueError, TypeError), match="CUDA|cuda"):
         cell(**kw, backend="cuda")
+
+
+def _cell_record(variant, impl, B, D, us):
+    return {"kind": "bench", "variant": variant, "impl": impl,
+            "params": {"measure": "cell", "B": B, "D": D},
+            "metrics": {"per_step_us": us, "fwdbwd_ms": {"median": 10 * us}}}
+
+
+def test_compare_reads_the_ratio_to_e1_from_records():
+    from elman.families.dense import compare
+    recs = [_cell_record("E33", "cuda:persistent", 4, 512, 1.0),
+            _cell_record("E1", "cuda:persistent", 4, 512, 1.0),
+            _cell_record("E33", "cuda:steps+graph", 4, 512, 4.0),
+            _cell_record("E33", "cuda:persistent", 16, 512, 1.5),
+            _cell_record("E1", "cuda:persistent", 16, 512, 1.0)]
+    rows = compare.versus(recs, "E33")
+    assert [(r["B"], r["step_us"] / r["base_step_us"]) for r in rows] == [(4, 1.0), (16, 1.5)]
+    assert rows[0]["graph_step_us"] == 4.0
+    text = compare.speed_findings(recs, "E33")
+    assert "(B, D) = (16, 512)" in text and "4.0x" in text
+    assert "not yet recorded" in compare.speed_findings([], "E33")
+
+
+def test_gradient_flow_linear_keeps_more_than_tanh():
+    from elman.families.dense import compare
+    flow = compare.gradient_flow({n: registry.get(n).reference for n in ("E33", "E36")}, lags=(4, 16))
+    assert all(flow["E36"][lag] > flow["E33"][lag] for lag in (4, 16))

@@ -81,19 +81,18 @@ def plot_versus(recs: list[dict], variant: str, base: str = "E1", metric: str = 
     dims = sorted({D for v, i, *_ in series for (D, _) in cells(recs, v, i)})
     if not dims:
         return None
+    ylabel = {"per_step_us": "forward per step (us)",
+              "fwdbwd_ms": "forward + backward, T = 512 (ms)"}.get(metric, metric)
     fig, axes = plt.subplots(1, len(dims), figsize=(4.2 * len(dims), 3.6), sharey=True, squeeze=False)
-    for ax, D in zip(axes[0], dims):
+    for k, (ax, D) in enumerate(zip(axes[0], dims)):
         for v, impl, label, color, marker in series:
             pts = sorted((B, _median(m, metric)) for (d, B), m in cells(recs, v, impl).items() if d == D)
             if pts:
                 ax.plot(*zip(*pts), marker=marker, color=color, label=label)
+        ax.set(xscale="log", yscale="log", xlabel="batch B", title=f"D = {D}",
+               ylabel=ylabel if k == 0 else None)
         ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("batch B")
-        ax.set_title(f"D = {D}")
         ax.grid(True, which="both", alpha=0.3)
-    axes[0][0].set_ylabel({"per_step_us": "forward per step (us)",
-                           "fwdbwd_ms": "forward + backward, T = 512 (ms)"}.get(metric, metric))
     axes[0][-1].legend(fontsize=7, loc="best")
     fig.suptitle(title)
     fig.tight_layout()
