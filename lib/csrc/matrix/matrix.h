@@ -1,0 +1,53 @@
+// The matrix family's plain C++ interface (no torch headers): the arguments of one recurrence
+// call and the launchers of recurrence.cu. The binding (binding.cpp) fills them after it has
+// validated every tensor.
+#pragma once
+
+#include <cuda_runtime.h>
+
+namespace elman {
+
+// Per head a key-first state S [n, v]; tensors are dense, time-major:
+//   q, k [T, B, H, n], v, o, d_o [T, B, H, v] of the compute dtype (float or bf16);
+//   decay [T, B, H] (column == false) or [T, B, H, v] (column == true), beta [T, B, H] or null,
+//   h0, S_T, dh0, d_ST [B, H, n, v], ckpt [ceil(T / K), B, H, n, v], all float32;
+//   scratch [B * H, min(K, T) + 1, n, v] float32 (backward: the chunk's recomputed states).
+struct MatrixArgs {
+  int T = 0, B = 0, H = 0, n = 0, v = 0, K = 16;
+  int step = 0;          // index into the step table (steps.cuh)
+  bool column = false;
+  bool bf16 = false;
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v_in = nullptr;
+  const float* decay = nullptr;
+  const float* beta = nullptr;
+  const float* h0 = nullptr;
+  void* o = nullptr;
+  float* S_T = nullptr;
+  float* ckpt = nullptr;
+  const void* d_o = nullptr;
+  const float* d_ST = nullptr;
+  float* scratch = nullptr;
+  void* dq = nullptr;
+  void* dk = nullptr;
+  void* dv = nullptr;
+  float* d_decay = nullptr;
+  float* d_beta = nullptr;
+  float* dh0 = nullptr;
+  cudaStream_t stream = nullptr;
+};
+
+// Threads per value column (each owns n / G rows of it): 8 up to v = 64, 4 beyond, so a block
+// has at most kMatrixThreads threads and each thread up to 128 registers.
+constexpr int kMatrixThreads = 512;
+constexpr int matrix_group(int v) { return v <= 64 ? 8 : 4; }
+
+int matrix_step_count();
+const char* matrix_step_name(int step);
+// Whether the kernels take this (n, v); `why` says what is wrong otherwise.
+bool matrix_supported(int n, int v, const char** why);
+cudaError_t matrix_forward(const MatrixArgs& a);
+cudaError_t matrix_backward(const MatrixArgs& a);
+
+}  // namespace elman
