@@ -1,7 +1,7 @@
 """Inputs of the matrix family: fresh random parity inputs (never zeros), the family's parity
 shapes, and the parity cases of a matrix variant: its recurrence core on the CUDA op against
-its reference, and its whole layer (every parameter's gradient, h0 included) on backend
-'cuda' against backend 'reference'."""
+its reference (fp32 and bf16), and its whole layer (every parameter's gradient, h0 included)
+on backend 'cuda' against backend 'reference' (fp32)."""
 from __future__ import annotations
 
 import inspect
@@ -100,7 +100,9 @@ def entry(*, reference: Callable, cell: Callable, layer: Callable, layer_cases: 
 
     def parity(shape: Shape, dtype, device, generator) -> list[ParityCase]:
         out = [core_case(reference, cell, shape, device, generator)]
-        if shape.D > 1:
+        # The layer cases run in fp32 only: in bf16 the harness rounds every parameter (A_log,
+        # dt_bias, the projections) before the fast run, which measures that rounding, not a kernel.
+        if shape.D > 1 and dtype == torch.float32:
             out += [layer_case(f, shape, device, generator, label) for label, f in cases(shape)]
         return out
 

@@ -1,0 +1,101 @@
+"""GPU checks of the matrix family's kernels (skipped without CUDA): the op against the
+PyTorch schedule (checkpoints included) and the fp64 reference for every step kind, decay kind
+and write gate, every supported (n, v), several checkpoint intervals; memory that grows as
+T / K; bad input raising before launch. The registry's levels run through
+tests/test_parity_gpu.py."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from elman.core.entry import Shape, run_case
+from elman.families.matrix import inputs, op, reference as ref, schedule
+from elman.variants import e75, e88
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def _inputs(T, B, H, n, v, column=False, beta=True, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    names = ("q", "k", "v", "decay", "beta", "h0") if beta else ("q", "k", "v", "decay", "h0")
+    kw = inputs.random_inputs(T, B, H, n, v, names, "cuda", g, "column" if column else "scalar")
+    kw.setdefault("beta", None)
+    return kw
+
+
+@pytest.mark.parametrize("step", ref.STEPS)
+@pytest.mark.parametrize("column,beta", [(False, True), (False, False), (True, False)])
+@pytest.mark.parametrize("K", [1, 4, 16])
+def test_op_matches_the_schedule_fp32(step, column, beta, K):
+    kw = _inputs(19, 2, 3, 16, 32, column, beta)
+    plain = {k: None if t is None else t.detach().float() for k, t in kw.items()}
+    o, S_T = op.recurrence(**plain, step=step, K=K)
+    o_ref, S_ref, ckpt = schedule.forward(**{k: None if t is None else t.detach() for k, t in kw.items()},
+                                          step=step, K=K)
+    torch.testing.assert_close(o.double(), o_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(S_T.double(), S_ref, rtol=1e-5, atol=1e-5)
+    _, _, ckpt_op = op._ext().forward(plain["q"], plain["k"], plain["v"], plain["decay"], plain["beta"],
+                                      plain["h0"], ref.STEPS.index(step), K)
+    torch.testing.assert_close(ckpt_op.double(), ckpt, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,v", [(n, v) for n in op.SIZES for v in op.SIZES])
+def test_every_supported_pair(dtype, n, v):
+    case = inputs.core_case(e88.reference, e88.cell, Shape(21, 2, 1, 3, n, v), "cuda",
+                            torch.Generator(device="cuda").manual_seed(n * v))
+    errors = run_case(case, DTYPES[dtype], torch.Generator(device="cuda").manual_seed(1))
+    tol = inputs.TOLERANCE[dtype]
+    assert max(e for k, e in errors.items() if k.startswith("fwd:")) <= tol.fwd, errors
+    assert max(e for k, e in errors.items() if k.startswith("grad:")) <= tol.bwd, errors
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_e75_core(dtype):
+    case = inputs.core_case(e75.reference, e75.cell, Shape(33, 2, 1, 2, 32, 32), "cuda",
+                            torch.Generator(device="cuda").manual_seed(0))
+    errors = run_case(case, DTYPES[dtype], torch.Generator(device="cuda").manual_seed(1))
+    tol = inputs.TOLERANCE[dtype]
+    assert max(errors.values()) <= max(tol.fwd, tol.bwd), errors
+
+
+def test_backward_memory_grows_with_T_over_K():
+    def peak(T, K):
+        kw = {k: None if t is None else t.detach().float().requires_grad_(t is not None)
+              for k, t in _inputs(T, 4, 8, 32, 32).items()}
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        o, S = op.recurrence(**kw, K=K)
+        (o.sum() + S.sum()).backward()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base
+    # checkpoints: ceil(T / K) states; with K = T there is one, with K = 1 there are T.
+    assert peak(256, 64) < peak(256, 1)
+
+
+def test_unsupported_sizes_raise_before_launch():
+    kw = {k: None if t is None else t.detach().float() for k, t in _inputs(4, 1, 1, 40, 32).items()}
+    with pytest.raises(ValueError, match="take n and v"):
+        op.recurrence(**kw)
+    ext = op._ext()
+    with pytest.raises(ValueError, match="do not take"):
+        ext.forward(kw["q"], kw["k"], kw["v"], kw["decay"], kw["beta"], kw["h0"], 0, 16)
+    good = {k: None if t is None else t.detach().float() for k, t in _inputs(4, 1, 1, 32, 32).items()}
+    with pytest.raises(ValueError, match="step"):
+        ext.forward(good["q"], good["k"], good["v"], good["decay"], good["beta"], good["h0"], 7, 16)
+    with pytest.raises(TypeError, match="dtype"):
+        ext.forward(good["q"], good["k"], good["v"], good["decay"].double(), good["beta"], good["h0"], 0, 16)
+
+
+def test_layer_runs_under_autocast():
+    layer = e88.E88(128, n_heads=4, n_state=32).cuda()
+    y = torch.randn(2, 40, 128, device="cuda")
+    with torch.autocast("cuda", torch.bfloat16):
+        out, S = layer(y)
+    out.float().sum().backward()
+    assert out.dtype == torch.bfloat16 and S.dtype == torch.float32
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in layer.parameters())
