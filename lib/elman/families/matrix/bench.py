@@ -1,0 +1,118 @@
+"""The matrix family's recurrence benchmark (bf16 q, k, v; fp32 decay and state), timed as
+core.timing times: the raw op's forward, backward (from the forward's checkpoints) and
+forward + backward, their ratio, the peak memory of one forward + backward, and the bytes the
+recurrence must move (q, k, v, decay read and o written; the backward reads them again with
+d_o and writes dq, dk, dv, d decay), from which `floor_ms` at a given bandwidth follows.
+
+The whole layer (projections, norms, gates) is timed by `elman bench`'s layer records beside
+the fla-gdn and mamba2 baselines: at the seed study's 480M shape that is
+`elman bench --levels E88h83n32 fla-gdn mamba2 --B 16 --D 1920 --T 512`, whose cell records
+(this module, B = 16, H = 83, n = v = 32) give the recurrence's forward, backward and ratio.
+"""
+from __future__ import annotations
+
+import torch
+
+from ...core import records
+from ...core.entry import Entry, Shape
+from ...core.timing import T_DEFAULT, rotation, timeit
+from . import inputs, op
+from .reference import STEPS
+
+
+# Every matrix level's core runs the same op; these stand for the family in `elman bench` (the
+# generic E88 and E75 levels and the seed study's 480M E88 geometry), which keeps the run short.
+CELL_LEVELS = ("E88", "E88h83n32", "75", "E75h4n32")
+
+
+def has_cell(entry: Entry) -> bool:
+    return entry.family == "matrix" and entry.name in CELL_LEVELS
+
+
+def last_impl() -> str:
+    return "cuda:matrix"
+
+
+def geometry(entry: Entry, D: int) -> tuple[int, int, int, str]:
+    """(H, n, v, decay kind) of the entry's layer at width D (built on the meta device)."""
+    with torch.device("meta"):
+        layer = entry.layer(D, 1.0, backend="reference")
+    H, n = layer.H, layer.n
+    return H, n, getattr(layer, "v", n), getattr(entry.reference, "decay_kind", "scalar")
+
+
+def traffic_bytes(T: int, B: int, H: int, n: int, v: int, column: bool, dtype_bytes: int = 2) -> dict[str, int]:
+    """Bytes the recurrence cannot avoid moving: forward reads q, k, v and the decay and writes
+    o; backward reads q, k, v, decay, d_o and writes dq, dk, dv, d decay (state and checkpoints
+    excluded: they stay on chip or are T / K times smaller)."""
+    decay = 4 * (v if column else 1)
+    step_in = B * H * ((2 * n + v) * dtype_bytes + decay)
+    return {"fwd_bytes": T * (step_in + B * H * v * dtype_bytes),
+            "bwd_bytes": T * (2 * step_in + B * H * v * dtype_bytes)}
+
+
+def _sets(T, B, H, n, v, decay, count, dtype):
+    g = torch.Generator(device="cuda").manual_seed(1234)
+    names = ("q", "k", "v", "decay", "h0")
+    out = []
+    for _ in range(count):
+        kw = inputs.random_inputs(T, B, H, n, v, names, "cuda", g, decay)
+        s = {k: t.detach().to(dtype if k in ("q", "k", "v") else torch.float32).contiguous()
+             for k, t in kw.items()}
+        s["d_o"] = torch.randn(T, B, H, v, device="cuda", dtype=dtype, generator=g)
+        s["d_ST"] = torch.randn(B, H, n, v, device="cuda", generator=g)
+        out.append(s)
+    return out
+
+
+def cell_records(entry: Entry, B: int, D: int, T: int = T_DEFAULT, reps: int = 30,
+                 quick: bool = False, gate: dict[str, bool] | None = None,
+                 K: int = op.CHECKPOINT) -> list[dict]:
+    """Measure 'recurrence' at batch B, the entry's heads and state at width D."""
+    if gate is not None and not gate.get("cuda:core", False):
+        print(f"bench: skipping {entry.name} recurrence: the core has no passing parity in this run")
+        return []
+    H, n, v, decay = geometry(entry, D)
+    if not op.supported(n, v):
+        print(f"bench: skipping {entry.name} at D={D}: n={n}, v={v} has no kernel")
+        return []
+    ext, step = op._ext(), STEPS.index("tanh")
+    moved = traffic_bytes(T, B, H, n, v, decay == "column")
+    n_sets = 2 if quick else rotation(moved["bwd_bytes"])
+    sets = _sets(T, B, H, n, v, decay, n_sets, torch.bfloat16)
+    ckpts = [ext.forward(s["q"], s["k"], s["v"], s["decay"], None, s["h0"], step, K)[2] for s in sets]
+
+    def fwd(i):
+        s = sets[i]
+        ext.forward(s["q"], s["k"], s["v"], s["decay"], None, s["h0"], step, K)
+
+    def bwd(i):
+        s = sets[i]
+        ext.backward(s["q"], s["k"], s["v"], s["decay"], None, ckpts[i], s["d_o"], s["d_ST"], step, K)
+
+    def fwdbwd(i):
+        s = sets[i]
+        ck = ext.forward(s["q"], s["k"], s["v"], s["decay"], None, s["h0"], step, K)[2]
+        ext.backward(s["q"], s["k"], s["v"], s["decay"], None, ck, s["d_o"], s["d_ST"], step, K)
+
+    tf, tb, tfb = timeit(fwd, reps, 3, n_sets), timeit(bwd, reps, 3, n_sets), timeit(fwdbwd, reps, 3, n_sets)
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fwdbwd(0)
+    torch.cuda.synchronize()
+    peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+    params = {"measure": "recurrence", **Shape(T, B, D, H, n, v).params(), "K": K, "dtype": "bfloat16"}
+    rec = records.make("bench", entry.name, last_impl(), params,
+                       {"fwd_ms": tf, "bwd_ms": tb, "fwdbwd_ms": tfb,
+                        "bwd_over_fwd": tb["median"] / tf["median"],
+                        "per_step_us": 1000 * tf["median"] / T, "peak_mem_mb": peak, **moved})
+    del sets, ckpts
+    torch.cuda.empty_cache()
+    return [rec]
+
+
+def recurrent_layer_records(entry: Entry, B: int, D: int, T: int = T_DEFAULT, reps: int = 30,
+                            quick: bool = False, gate: dict[str, bool] | None = None) -> list[dict]:
+    """None: a matrix variant's whole layer is timed by `elman bench`'s layer records."""
+    return []
