@@ -88,3 +88,17 @@ def test_linear_state_accuracy_fp32_over_long_sequences(name):
     print(f"{name}: fp32 final-state relative error {errors}")
     assert errors[512] < 1e-4 and errors[4096] < 1e-4
     assert errors[4096] < max(4 * errors[512], 1e-6), f"error grows with T: {errors}"
+
+
+@pytest.mark.parametrize("name", ["E37", "E39", "E42", "E56"])
+def test_bench_times_tied_inputless_and_concatenated_variants(name):
+    """The dense cell bench is keyed by the entry's epilogue and its reference's operands: it
+    times E37/E42 (tied), E39 (no W_x, no bias) and E56 (two halves of one W) in quick mode."""
+    from elman.families.dense import bench
+    entry = registry.get(name)
+    assert bench.has_cell(entry)
+    cells = bench.cell_records(entry, 4, 512, T=16, reps=2, quick=True,
+                               impls=("cuda:persistent", "cuda:steps+graph", "torch:eager"))
+    assert {r["impl"] for r in cells} == {"cuda:persistent", "cuda:steps+graph", "torch:eager"}
+    layer = bench.recurrent_layer_records(entry, 4, 512, T=16, reps=2, quick=True)
+    assert layer and all(r["metrics"]["fwdbwd_ms"]["median"] > 0 for r in layer)

@@ -173,7 +173,7 @@ def cell_records(entry: Entry, B: int, D: int, T: int = T_DEFAULT, reps: int = 3
     n = 2 if quick else rotation(per_set)
     sets = _cell_inputs(epilogue, T, B, D, n)
     fns: dict[str, tuple] = {}
-    if op.plan(B, D, torch.bfloat16) == "persistent":
+    if op.plan(B, D, torch.bfloat16, epilogue=epilogue) == "persistent":
         fns["cuda:persistent"] = _op_fns(epilogue, sets, "persistent")
     fns["cuda:steps"] = _op_fns(epilogue, sets, "steps")
     f, fb = _op_fns(epilogue, sets, "steps")
@@ -206,7 +206,7 @@ def recurrent_layer_records(entry: Entry, B: int, D: int, T: int = T_DEFAULT, re
     gradient (x, the gates, W_x, W_h, b, h0) in the backward; next to cuDNN's fp16 and bf16
     `nn.RNN(tanh)` timed the same way. Measure `recurrent_layer`. Nothing is timed when
     `gate` says the path that runs this size did not pass parity in this run."""
-    path = "cuda:" + op.plan(B, D, torch.bfloat16)
+    path = "cuda:" + op.plan(B, D, torch.bfloat16, epilogue=entry.epilogue)
     if gate is not None and not gate.get(path, False):
         print(f"bench: skipping {entry.name} recurrent_layer at B={B} D={D}: {path} has no "
               "passing parity in this run")
