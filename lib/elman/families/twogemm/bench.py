@@ -1,8 +1,9 @@
 """The two-GEMM family's cell benchmarks (bf16, random inputs, timed as core.timing times).
 
 `cell_records` times the variant's cell, as its parity cases call it (the time-parallel input
-projections inside, every gradient in the backward), on each path of the op: `cuda:graph`
-(the per-step loop replayed from a CUDA graph), `cuda:steps` (launched from the stream) and
+projections inside, every gradient in the backward), on each path of the op:
+`cuda:steps+graph` (the per-step loop replayed from a CUDA graph: the op's path "graph"),
+`cuda:steps` (launched from the stream) and
 `torch:eager` (the reference, a sequential PyTorch loop, in bf16). `per_step_us` = forward / T.
 Passed `beside` (E1's registry entry, which the harness or chapter looks up), it adds E1's
 persistent cell at the same shape from the dense family's benchmark, so ratios come from one
@@ -19,6 +20,7 @@ from ...core.timing import T_DEFAULT, rotation, timeit
 from ..dense import bench as dense_bench
 from . import op
 
+BENCH_IMPL = {"cuda:graph": "cuda:steps+graph"}  # bench records name the graph path as dense's do
 
 def has_cell(entry: Entry) -> bool:
     """Whether the entry's cell runs the two-GEMM op (so the cell benchmark applies)."""
@@ -72,7 +74,7 @@ def cell_records(entry: Entry, B: int, D: int, T: int = T_DEFAULT, reps: int = 3
     g = torch.Generator(device="cuda").manual_seed(99)
     out_shapes = [(T, B, D), (B, D)] + ([tuple(ref["tape0"].shape)] if "tape0" in ref else [])
     grads = [torch.randn(s, device="cuda", dtype=torch.bfloat16, generator=g) for s in out_shapes]
-    fns = {c.impl: _fns(c.fast, sets, grads) for c in cases}
+    fns = {c.impl: _fns(c.fast, sets, grads) for c in cases}  # by the parity record's impl
     fns["torch:eager"] = _fns(cases[0].reference, sets, grads)
     params = {"measure": "cell", **shape.params(), "dtype": "bfloat16"}
     out = []
@@ -89,7 +91,7 @@ def cell_records(entry: Entry, B: int, D: int, T: int = T_DEFAULT, reps: int = 3
                    "peak_mem_mb": _peak_mb(fwdbwd)}
         if "tape0" in ref:
             metrics["tape_history_mb"] = (T + 1) * ref["tape0"].numel() * 2 / 2**20
-        out.append(records.make("bench", entry.name, impl, params, metrics))
+        out.append(records.make("bench", entry.name, BENCH_IMPL.get(impl, impl), params, metrics))
     if beside is not None:
         out += dense_bench.cell_records(beside, B, D, T, reps, quick, impls=("cuda:persistent",))
     del sets, fns
@@ -108,3 +110,63 @@ def recurrent_layer_records(entry: Entry, B: int, D: int, T: int = T_DEFAULT, re
 def last_impl() -> str:
     """What the op's last forward ran, for a layer record: "cuda:<path>"."""
     return "cuda:" + op.last_path.get("forward", "?")
+
+
+# ---- tables of a chapter (from records) ----------------------------------------------------
+def _cells(recs: list[dict], variant: str) -> list[dict]:
+    return [r for r in recs if r["params"].get("measure") == "cell" and r["variant"] == variant]
+
+
+def comparison_table(recs: list[dict], variant: str, beside: str = "E1") -> str:
+    """Per shape and implementation: forward per step, forward + backward, their ratio, and
+    the per-step ratio to `beside`'s persistent cell at the same (B, D) in these records;
+    E23 adds peak memory of forward + backward and the size of a stored tape history."""
+    ref = {(r["params"]["B"], r["params"]["D"]): r["metrics"] for r in _cells(recs, beside)
+           if r["impl"] == "cuda:persistent"}
+    tape = any("tape_history_mb" in r["metrics"] for r in _cells(recs, variant))
+    lines = ["| D | B | implementation | forward per step (us) | forward + backward (ms) "
+             f"| fwd+bwd / fwd | per step vs {beside} persistent |"
+             + (" peak memory (MB) | tape history (MB) |" if tape else ""),
+             "|---" * (7 + 2 * tape) + "|"]
+    for r in sorted(_cells(recs, variant), key=lambda r: (r["params"]["D"], r["params"]["B"], r["impl"])):
+        p, m = r["params"], r["metrics"]
+        e1 = ref.get((p["B"], p["D"]))
+        vs = "—" if e1 is None else f"{m['per_step_us'] / e1['per_step_us']:.2f}x"
+        row = (f"| {p['D']} | {p['B']} | {r['impl']} | {m['per_step_us']:.2f} | "
+               f"{m['fwdbwd_ms']['median']:.2f} | {m['fwdbwd_ms']['median'] / m['fwd_ms']['median']:.2f} | {vs} |")
+        if tape:
+            row += f" {m['peak_mem_mb']:.1f} | {m['tape_history_mb']:.1f} |"
+        lines.append(row)
+    return "\n".join(lines)
+
+
+def target_lines(recs: list[dict], variant: str, B: int, D: int, beside: str = "E1",
+                 per_step_us: float | None = None, vs_beside: float | None = None,
+                 bwd_over_fwd: float | None = None) -> str:
+    """The issue's targets at one shape, met or not, from the fastest CUDA path recorded."""
+    mine = [r for r in _cells(recs, variant) if r["impl"].startswith("cuda:")
+            and (r["params"]["B"], r["params"]["D"]) == (B, D)]
+    if not mine:
+        return f"No {variant} cell benchmark at B = {B}, D = {D} is recorded."
+    best = min(mine, key=lambda r: r["metrics"]["per_step_us"])
+    m = best["metrics"]
+    fwd, fb = m["per_step_us"], m["fwdbwd_ms"]["median"] / m["fwd_ms"]["median"]
+    out = [f"- {variant} at B = {B}, D = {D} ({best['impl']}): {fwd:.2f} us per forward step; "
+           f"forward + backward is {fb:.2f}x the forward."]
+    if per_step_us is not None:
+        out.append(f"- Target forward per step <= {per_step_us} us: {'met' if fwd <= per_step_us else 'not met'}.")
+    e1 = [r for r in _cells(recs, beside) if r["impl"] == "cuda:persistent"
+          and (r["params"]["B"], r["params"]["D"]) == (B, D)]
+    if vs_beside is not None:
+        if e1:
+            ratio = fwd / e1[0]["metrics"]["per_step_us"]
+            out.append(f"- Target within {vs_beside}x of {beside}'s persistent step "
+                       f"({e1[0]['metrics']['per_step_us']:.2f} us): {ratio:.2f}x, "
+                       f"{'met' if ratio <= vs_beside else 'not met'}.")
+        else:
+            out.append(f"- {beside}'s persistent cell at this shape is not in these records.")
+    if bwd_over_fwd is not None:
+        bwd = fb - 1
+        out.append(f"- Target backward <= {bwd_over_fwd}x forward: backward is {bwd:.2f}x, "
+                   f"{'met' if bwd <= bwd_over_fwd else 'not met'}.")
+    return "\n".join(out)

@@ -109,3 +109,21 @@ def entry(*, reference: Callable, cell: Callable, rank: Callable[[int], int] = d
         parity=lambda shape, dtype, device, generator: parity_cases(
             reference, cell, shape, dtype, device, generator, rank))
     return Entry(reference=reference, **{**defaults, **fields})
+
+
+def sequence_check(reference: Callable, T: int = 4, B: int = 2, D: int = 5, n: int = 3) -> float:
+    """The whole sequence against T single steps that carry every state the reference takes
+    and returns (`STATES`: h0, and E23's tape0): the max abs difference of outputs and final
+    states, fp64 on the CPU."""
+    kw = {k: v.detach() for k, v in reference_inputs(
+        reference, Shape(T, B, D, None, n), "cpu", torch.Generator().manual_seed(0)).items()}
+    states = [s for s in STATES if s in kw]
+    full = reference(**kw)
+    carried, outs = {s: kw[s] for s in states}, []
+    for t in range(T):
+        step = {k: (v[t:t + 1] if time_major(k, v) else v) for k, v in kw.items()}
+        out, *final = reference(**{**step, **carried})
+        carried = dict(zip(states, final))
+        outs.append(out)
+    pairs = [(torch.cat(outs), full[0]), *zip(carried.values(), full[1:])]
+    return max((a - b).abs().max().item() for a, b in pairs)
