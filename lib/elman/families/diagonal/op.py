@@ -73,6 +73,14 @@ def validate_scan(inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor]
     return T, B, D
 
 
+def plan(step: str, B: int, D: int, dtype: torch.dtype) -> dict[str, dict[str, int]]:
+    """The launches of a scan at this size on fresh (aligned) tensors: {"fwd" | "bwd":
+    {"vec": elements per thread, "threads": per block, "blocks"}}."""
+    validate.nonempty("(B, D)", (B, D), "B and D")
+    sid, bf16 = step_info(step)["id"], dtype == torch.bfloat16
+    return {d: dict(_ext().plan(sid, B, D, bf16, d == "bwd")) for d in ("fwd", "bwd")}
+
+
 def forward_bytes(k: int, p: int, T: int, B: int, D: int, itemsize: int) -> int:
     """Bytes the forward must move: k inputs read once, h0 read, out written, h_all (T + 1
     slices, h0 copied into slice 0) written, p fp32 vectors read."""
