@@ -195,3 +195,14 @@ def test_gradient_flow_linear_keeps_more_than_tanh():
     from elman.families.dense import compare
     flow = compare.gradient_flow({n: registry.get(n).reference for n in ("E33", "E36")}, lags=(4, 16))
     assert all(flow["E36"][lag] > flow["E33"][lag] for lag in (4, 16))
+
+
+def test_closing_table_reads_parity_and_cells():
+    from elman.families.dense import compare
+    par = {"kind": "parity", "variant": "E33", "impl": "cuda:persistent",
+           "params": {"dtype": "bfloat16"}, "metrics": {"max_fwd": 4e-3, "max_bwd": 6e-3}}
+    recs = [par, _cell_record("E33", "cuda:persistent", 4, 1024, 1.1),
+            _cell_record("E1", "cuda:persistent", 4, 1024, 1.0),
+            _cell_record("E33", "cuda:steps+graph", 4, 1024, 5.5)]
+    row = compare.closing_table(recs, ("E33",)).splitlines()[-1]
+    assert row.startswith("| E33 | persistent | — | 6.0e-03 | 1.10 | 1.10 | 5.0 | — | — | — |")

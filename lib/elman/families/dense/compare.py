@@ -175,3 +175,32 @@ def gradient_flow_table(flow: dict[str, dict[int, float]]) -> str:
     for name, v in flow.items():
         lines.append(f"| {name} | " + " | ".join(f"{v[lag]:.2e}" for lag in lags) + " |")
     return "\n".join(lines)
+
+
+def closing_table(recs: list[dict], variants: tuple[str, ...],
+                  shapes: tuple[tuple[int, int], ...] = ((4, 1024), (64, 1024)), base: str = "E1") -> str:
+    """The issue's closing table, from one run's records: per variant the CUDA paths its parity
+    covered, the worst relative error (forward or gradient) in fp32 and in bf16, and at each
+    (B, D) of `shapes` the persistent per-step forward with its ratio to `base` and to its own
+    cuBLAS-per-step loop in a CUDA graph."""
+    head = ["variant", "paths", "worst fp32", "worst bf16"]
+    for B, D in shapes:
+        head += [f"step (us) B={B} D={D}", f"/ {base}", "cuBLAS graph / ours"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for v in variants:
+        par = [r for r in recs if r["kind"] == "parity" and r["variant"] == v]
+        worst = {dt: max((max(r["metrics"]["max_fwd"], r["metrics"]["max_bwd"]) for r in par
+                          if r["params"]["dtype"] == dt), default=None) for dt in ("float32", "bfloat16")}
+        paths = ", ".join(sorted({r["impl"].removeprefix("cuda:") for r in par})) or "—"
+        row = [v, paths, *("—" if worst[dt] is None else f"{worst[dt]:.1e}" for dt in worst)]
+        by_shape = {(r["B"], r["D"]): r for r in versus(recs, v, base) if r["impl"] == PERSISTENT}
+        for B, D in shapes:
+            r = by_shape.get((B, D))
+            if r is None:
+                row += ["—"] * 3
+                continue
+            base_us, graph_us = r.get("base_step_us"), r.get("graph_step_us")
+            row += [f"{r['step_us']:.2f}", "—" if not base_us else f"{r['step_us'] / base_us:.2f}",
+                    "—" if not graph_us else f"{graph_us / r['step_us']:.1f}"]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
