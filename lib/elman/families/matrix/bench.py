@@ -116,3 +116,45 @@ def recurrent_layer_records(entry: Entry, B: int, D: int, T: int = T_DEFAULT, re
                             quick: bool = False, gate: dict[str, bool] | None = None) -> list[dict]:
     """None: a matrix variant's whole layer is timed by `elman bench`'s layer records."""
     return []
+
+
+# ---- tables for the chapters (markdown, from records) ------------------------------------
+def recurrence_table(recs: list[dict]) -> str:
+    """One row per 'recurrence' record: times, backward / forward, peak memory, and the
+    bandwidth the unavoidable bytes imply at the measured times."""
+    rows = [r for r in recs if r["params"].get("measure") == "recurrence"]
+    lines = ["| level | B | H | n | v | K | forward (ms) | backward (ms) | bwd / fwd | fwd + bwd (ms) "
+             "| peak memory (MB) | fwd GB/s | bwd GB/s |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        p, m = r["params"], r["metrics"]
+        f, b = m["fwd_ms"]["median"], m["bwd_ms"]["median"]
+        lines.append(f"| {r['variant']} | {p['B']} | {p['H']} | {p['n']} | {p['v']} | {p['K']} | {f:.3f} "
+                     f"| {b:.3f} | {m['bwd_over_fwd']:.2f} | {m['fwdbwd_ms']['median']:.3f} "
+                     f"| {m['peak_mem_mb']:.0f} | {m['fwd_bytes'] / f / 1e6:.0f} | {m['bwd_bytes'] / b / 1e6:.0f} |")
+    return "\n".join(lines)
+
+
+def target_lines(recs: list[dict], level: str, B: int, D: int, bwd_over_fwd: float = 1.5,
+                 fwdbwd_ms: float = 0.5, beside: tuple[str, ...] = ("fla-gdn", "mamba2")) -> str:
+    """The issue's targets at one shape, each stated as met or not from the records."""
+    rec = next((r for r in recs if r["params"].get("measure") == "recurrence" and r["variant"] == level
+                and (r["params"]["B"], r["params"]["D"]) == (B, D)), None)
+    if rec is None:
+        return f"- No recurrence record of {level} at B = {B}, D = {D}: the targets cannot be stated."
+    m = rec["metrics"]
+    ratio, total = m["bwd_over_fwd"], m["fwdbwd_ms"]["median"]
+    out = [f"- Recurrence backward / forward at B = {B}, H = {rec['params']['H']}, n = {rec['params']['n']}: "
+           f"{ratio:.2f} (target <= {bwd_over_fwd}: {'met' if ratio <= bwd_over_fwd else 'not met'}).",
+           f"- Recurrence forward + backward: {total:.3f} ms (target <= {fwdbwd_ms} ms: "
+           f"{'met' if total <= fwdbwd_ms else 'not met'})."]
+    layers = {r["variant"]: r["metrics"] for r in recs if r["params"].get("measure") == "layer"
+              and (r["params"]["B"], r["params"]["D"]) == (B, D)}
+    if level in layers:
+        ours = layers[level]["fwdbwd_ms"]["median"]
+        for other in beside:
+            if other in layers:
+                theirs = layers[other]["fwdbwd_ms"]["median"]
+                out.append(f"- Whole layer forward + backward: {level} {ours:.2f} ms, {other} {theirs:.2f} ms "
+                           f"({theirs / ours:.2f}x); peak memory {layers[level]['peak_mem_mb']:.0f} MB vs "
+                           f"{layers[other]['peak_mem_mb']:.0f} MB.")
+    return "\n".join(out)
