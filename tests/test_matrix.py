@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from elman.core.entry import Shape
 from elman.families.matrix import inputs, op, reference as ref, schedule
 from elman.variants import e75, e88
 
@@ -212,3 +213,21 @@ def test_parity_cases_build_on_cpu():
         assert len(outs) == len(c.outputs)
     e75_cases = e75.ENTRIES[1].parity(e75.ENTRIES[1].test_shapes[0], torch.float32, "cpu", g)
     assert all(len(c.reference(**c.inputs)) == 2 for c in e75_cases)
+
+
+def test_replaced_parameter_and_zero_width_raise():
+    layer = e88.E88(16, backend="reference", n_heads=2, n_state=8)
+    layer.w_o = torch.nn.Parameter(torch.zeros(16, 17))
+    with pytest.raises(ValueError, match="parameter w_o"):
+        layer(torch.randn(1, 2, 16))
+    with pytest.raises(ValueError, match="dim"):
+        e88.E88(0, n_heads=2, n_state=8)
+    with pytest.raises(ValueError, match="dim"):
+        e75.E75(0)
+
+
+def test_parity_fills_a_shape_without_heads():
+    g = torch.Generator().manual_seed(0)
+    for entry in (e88.ENTRIES[0], e88.ENTRIES[-1], e75.ENTRIES[0]):
+        cases = entry.parity(Shape(5, 3, entry.test_shapes[0].D), torch.float32, "cpu", g)
+        assert cases and all(len(c.reference(**c.inputs)) == 2 for c in cases)

@@ -20,9 +20,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..core.entry import Shape, shapes
+from ..core.entry import shapes
 from ..core.layer import CausalConv, autocast_dtype, check_backend, check_sequence, inner_width
 from ..families.matrix import inputs, op as matrix
+from ..families.matrix.layer import check_parameters, remember_shapes
 from ..families.matrix.reference import l2_normalize
 
 
@@ -73,12 +74,14 @@ class E75(nn.Module):
             for w in (self.w_k, self.w_v, self.w_q, self.w_beta):
                 for h in range(H):                   # each head's n x D slice on its own fans
                     nn.init.xavier_uniform_(w[h * n:(h + 1) * n])
+        remember_shapes(self)
 
     def state_shape(self, B: int) -> tuple[int, int, int, int]:
         return (B, self.H, self.n, self.n)
 
     def forward(self, y: torch.Tensor, h0: torch.Tensor | None = None):
         check_sequence("E75", y, self.dim)
+        check_parameters(self)
         B, T = y.shape[:2]
         H, n = self.H, self.n
         if h0 is not None and tuple(h0.shape) != (B, H, n, n):

@@ -23,6 +23,7 @@ from torch import nn
 from ..core.entry import Shape, shapes
 from ..core.layer import autocast_dtype, check_backend, check_sequence
 from ..families.matrix import inputs, op as matrix
+from ..families.matrix.layer import check_parameters, remember_shapes
 from ..families.matrix.reference import l2_normalize, recurrence
 
 DECAY_MODES = ("mamba", "simple", "constant", "none")
@@ -80,6 +81,10 @@ class E88(nn.Module):
                  checkpoint: int = matrix.CHECKPOINT):
         super().__init__()
         check_backend(backend)
+        if not isinstance(dim, int) or dim < 1:
+            raise ValueError(f"dim must be a positive integer, got {dim!r}")
+        if (n_heads is not None and n_heads < 1) or n_state < 1:
+            raise ValueError(f"n_heads and n_state must be at least 1, got {n_heads}, {n_state}")
         if decay_mode not in DECAY_MODES:
             raise ValueError(f"decay_mode must be one of {DECAY_MODES}, got {decay_mode!r}")
         if gate_activation not in GATES:
@@ -129,6 +134,7 @@ class E88(nn.Module):
         for w in (*xavier, self.w_w, self.w_g, self.w_o):
             if w is not None:
                 nn.init.xavier_uniform_(w)
+        remember_shapes(self)
 
     def state_shape(self, B: int) -> tuple[int, int, int, int]:
         return (B, self.H, self.n, self.v)
@@ -156,6 +162,7 @@ class E88(nn.Module):
 
     def forward(self, y: torch.Tensor, h0: torch.Tensor | None = None):
         check_sequence("E88", y, self.dim)
+        check_parameters(self)
         B, T = y.shape[:2]
         H, n, v = self.H, self.n, self.v
         if h0 is not None and tuple(h0.shape) != (B, H, n, v):
