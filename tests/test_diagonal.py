@@ -339,3 +339,27 @@ def test_emulated_kernel_matches_reference(entry, shape, monkeypatch):
 
 def test_step_table_names_match_entries():
     assert {e.epilogue for e in ENTRIES} == set(STEP_MATH)
+
+
+def test_report_from_records():
+    from elman.families.diagonal import report
+
+    def rec(variant, impl, B, D, T, fwd, bwd):
+        m = {"fwd_ms": {"median": fwd}, "fwdbwd_ms": {"median": fwd + bwd}, "copy_gbs": 3000.0,
+             "fwd_gbs": 2000.0, "bwd_gbs": 1500.0, "fwd_pct_copy": 66.7, "bwd_pct_copy": 50.0}
+        if impl == "cuda:scan":
+            m["bwd_ms"] = {"median": bwd}
+        return {"kind": "bench", "variant": variant, "impl": impl,
+                "params": {"measure": "cell", "B": B, "D": D, "T": T, "dtype": "bfloat16"}, "metrics": m}
+    recs = [rec("E61", "cuda:scan", 64, 2048, 512, 0.2, 0.4), rec("E61", "fla:chunk_hgrn", 64, 2048, 512, 0.3, 0.9),
+            rec("E61", "cuda:scan", 4, 1024, 512, 0.1, 0.2), rec("E34", "cuda:scan", 64, 2048, 512, 0.2, 0.3)]
+    cells = report.cells(recs, ["E61"])
+    assert len(cells) == 3
+    table = report.bandwidth_table(cells)
+    assert table.count("\n") == 4 and "fla:chunk_hgrn" in table
+    text = report.headline(cells)
+    assert "misses the 60 % target" in text and "2.0x as fast as fla:chunk_hgrn" in text
+    assert "No record" in report.headline(cells, {"B": 1, "D": 1, "T": 1})
+    import matplotlib
+    matplotlib.use("Agg")
+    assert report.plot_bandwidth(cells, 512) is not None

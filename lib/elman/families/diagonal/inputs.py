@@ -14,7 +14,7 @@ from ...core.entry import Entry, ParityCase, Shape, Tolerance, shapes
 # with many channel blocks.
 TEST_SHAPES = shapes(
     (1, 1, 32), (7, 3, 100), (33, 2, 48), (1, 4, 5), (64, 4, 256), (17, 5, 520),
-    (129, 16, 1024), (13, 64, 2048), (300, 2, 96),
+    (129, 16, 1024), (13, 64, 2048), (300, 2, 96), (3, 64, 4096),
 )
 
 
