@@ -40,15 +40,55 @@ __device__ __forceinline__ float columns_sum(float x) {  // over the 32 / G colu
   return x;
 }
 
+// One step's inputs as a thread uses them: its rows of k (and q), its column's v (and d_o), the
+// decay and the write gate. With kArrays the rows are loaded into registers, and the kernels
+// load them one step ahead, so a step waits for no global load; without (where the arrays do not
+// fit beside the state) they are read where used.
+template <int R, int G, typename T, bool kArrays, bool kGrad = false>
+struct StepInputs {
+  float k_[kArrays ? R : 1];
+  float q_[kArrays ? R : 1];
+  const T* kt;
+  const T* qt;
+  float v, decay, beta, d_o;
+
+  __device__ __forceinline__ void load(const MatrixArgs& a, int64_t row, int g, int j) {
+    constexpr int N = R * G;
+    kt = static_cast<const T*>(a.k) + row * N + g;
+    qt = static_cast<const T*>(a.q) + row * N + g;
+    if constexpr (kArrays) {
+#pragma unroll
+      for (int m = 0; m < R; ++m) {
+        k_[m] = to_float(kt[G * m]);
+        q_[m] = to_float(qt[G * m]);
+      }
+    }
+    v = to_float(static_cast<const T*>(a.v_in)[row * a.v + j]);
+    decay = a.column ? a.decay[row * a.v + j] : a.decay[row];
+    beta = a.beta ? a.beta[row] : 1.f;
+    if constexpr (kGrad) d_o = to_float(static_cast<const T*>(a.d_o)[row * a.v + j]);
+  }
+  __device__ __forceinline__ float k(int m) const {
+    if constexpr (kArrays) return k_[m];
+    else return to_float(kt[G * m]);
+  }
+  __device__ __forceinline__ float q(int m) const {
+    if constexpr (kArrays) return q_[m];
+    else return to_float(qt[G * m]);
+  }
+};
+
+// Register budget (128 a thread at 512 threads): the forward prefetches up to R = 16, the
+// backward keeps dS, the replayed state and the prefetched inputs in registers up to R = 8.
+template <int R>
+constexpr bool kForwardPrefetch = R <= 16;
+
 template <int R, int G, typename T, class Step>
-__global__ void __launch_bounds__(kMatrixThreads) forward_kernel(const MatrixArgs a) {
+__global__ void __launch_bounds__(kMatrixThreads, 1) forward_kernel(const MatrixArgs a) {
   constexpr int N = R * G;
   const int V = a.v;
   const int bh = blockIdx.x, j = threadIdx.x / G, g = threadIdx.x % G;
   const int64_t BH = int64_t(a.B) * a.H, NV = int64_t(N) * V;
-  const T* q = static_cast<const T*>(a.q);
-  const T* k = static_cast<const T*>(a.k);
-  const T* v = static_cast<const T*>(a.v_in);
   T* o = static_cast<T*>(a.o);
 
   float s[R];
@@ -56,29 +96,32 @@ __global__ void __launch_bounds__(kMatrixThreads) forward_kernel(const MatrixArg
 #pragma unroll
   for (int m = 0; m < R; ++m) s[m] = h0[(g + G * m) * V + j];
 
+  constexpr bool kAhead = kForwardPrefetch<R>;
+  StepInputs<R, G, T, kAhead> in, next;
+  if constexpr (kAhead) next.load(a, bh, g, j);
   for (int t = 0; t < a.T; ++t) {
+    const int64_t row = int64_t(t) * BH + bh;
+    if constexpr (kAhead) {
+      in = next;
+      if (t + 1 < a.T) next.load(a, row + BH, g, j);
+    } else {
+      in.load(a, row, g, j);
+    }
     if (t % a.K == 0) {
       float* c = a.ckpt + (int64_t(t / a.K) * BH + bh) * NV;
 #pragma unroll
       for (int m = 0; m < R; ++m) c[(g + G * m) * V + j] = s[m];
     }
-    const int64_t row = int64_t(t) * BH + bh;
-    float kk[R];
     float r = 0.f;
 #pragma unroll
-    for (int m = 0; m < R; ++m) {
-      kk[m] = to_float(k[row * N + g + G * m]);
-      r = fmaf(s[m], kk[m], r);
-    }
+    for (int m = 0; m < R; ++m) r = fmaf(s[m], in.k(m), r);
     r = group_sum<G>(r);
-    const float dec = a.column ? a.decay[row * V + j] : a.decay[row];
-    const float be = a.beta ? a.beta[row] : 1.f;
-    const float w = be * (to_float(v[row * V + j]) - r);
+    const float w = in.beta * (in.v - r);
     float out = 0.f;
 #pragma unroll
     for (int m = 0; m < R; ++m) {
-      s[m] = Step::act(fmaf(dec, s[m], kk[m] * w));
-      out = fmaf(s[m], to_float(q[row * N + g + G * m]), out);
+      s[m] = Step::act(fmaf(in.decay, s[m], in.k(m) * w));
+      out = fmaf(s[m], in.q(m), out);
     }
     out = group_sum<G>(out);
     if (g == 0) o[row * V + j] = from_float<T>(out);
@@ -90,6 +133,8 @@ __global__ void __launch_bounds__(kMatrixThreads) forward_kernel(const MatrixArg
 
 template <int R>
 constexpr bool kSharedDS = R > 8;
+template <int R>
+constexpr bool kPrefetch = !kSharedDS<R>;
 
 // Dynamic shared memory of the backward for a block of `threads`.
 template <int R>
@@ -109,10 +154,6 @@ __global__ void __launch_bounds__(kMatrixThreads, 1) backward_kernel(const Matri
   const int bh = blockIdx.x, tid = threadIdx.x, j = tid / G, g = tid % G, lane = tid % 32;
   const int64_t BH = int64_t(a.B) * a.H, NV = int64_t(N) * V;
   const int slots = (a.K < a.T ? a.K : a.T) + 1;
-  const T* q = static_cast<const T*>(a.q);
-  const T* k = static_cast<const T*>(a.k);
-  const T* v = static_cast<const T*>(a.v_in);
-  const T* d_o = static_cast<const T*>(a.d_o);
   T* dq = static_cast<T*>(a.dq);
   T* dk = static_cast<T*>(a.dk);
   T* dv = static_cast<T*>(a.dv);
@@ -149,59 +190,68 @@ __global__ void __launch_bounds__(kMatrixThreads, 1) backward_kernel(const Matri
         s(m) = ck[(g + G * m) * V + j];
         scratch[(g + G * m) * V + j] = s(m);
       }
+      StepInputs<R, G, T, kPrefetch<R>> in, next;
+      if constexpr (kPrefetch<R>) next.load(a, int64_t(start) * BH + bh, g, j);
       for (int t = start; t < end; ++t) {
         const int64_t row = int64_t(t) * BH + bh;
-        const T* kt = k + row * N + g;
+        if constexpr (kPrefetch<R>) {
+          in = next;
+          if (t + 1 < end) next.load(a, row + BH, g, j);
+        } else {
+          in.load(a, row, g, j);
+        }
         float r = 0.f;
 #pragma unroll kUnroll
-        for (int m = 0; m < R; ++m) r = fmaf(s(m), to_float(kt[G * m]), r);
+        for (int m = 0; m < R; ++m) r = fmaf(s(m), in.k(m), r);
         r = group_sum<G>(r);
-        const float dec = a.column ? a.decay[row * V + j] : a.decay[row];
-        const float be = a.beta ? a.beta[row] : 1.f;
-        const float w = be * (to_float(v[row * V + j]) - r);
+        const float w = in.beta * (in.v - r);
         float* out = scratch + int64_t(t - start + 1) * NV;
 #pragma unroll kUnroll
         for (int m = 0; m < R; ++m) {
-          s(m) = Step::act(fmaf(dec, s(m), to_float(kt[G * m]) * w));
+          s(m) = Step::act(fmaf(in.decay, s(m), in.k(m) * w));
           out[(g + G * m) * V + j] = s(m);
         }
       }
     }
+    StepInputs<R, G, T, kPrefetch<R>, true> in, next;
+    if constexpr (kPrefetch<R>) next.load(a, int64_t(end - 1) * BH + bh, g, j);
     for (int t = end - 1; t >= start; --t) {
       const int64_t row = int64_t(t) * BH + bh;
+      if constexpr (kPrefetch<R>) {
+        in = next;
+        if (t > start) next.load(a, row - BH, g, j);
+      } else {
+        in.load(a, row, g, j);
+      }
       const float* s_new = scratch + int64_t(t - start + 1) * NV;
       const float* s_old = scratch + int64_t(t - start) * NV;
-      const float dec = a.column ? a.decay[row * V + j] : a.decay[row];
-      const float be = a.beta ? a.beta[row] : 1.f;
-      const float go = to_float(d_o[row * V + j]);
       float* sh = acc[buf];
-      const T* kt = k + row * N + g;  // k is re-read from L1 rather than held: registers
       float r = 0.f;
 #pragma unroll kUnroll
-      for (int m = 0; m < R; ++m) r = fmaf(s_old[(g + G * m) * V + j], to_float(kt[G * m]), r);
-      const float delta = to_float(v[row * V + j]) - group_sum<G>(r);
+      for (int m = 0; m < R; ++m) r = fmaf(s_old[(g + G * m) * V + j], in.k(m), r);
+      const float delta = in.v - group_sum<G>(r);
       // read-out: dS += q do^T, dq = S_t do; then dP = dS * act'(S_t) kept in dS
       float dd = 0.f, sk = 0.f;
 #pragma unroll kUnroll
       for (int m = 0; m < R; ++m) {
         const int i = g + G * m;
         const float sn = s_new[i * V + j];
-        dS(m) = fmaf(to_float(q[row * N + i]), go, dS(m));
-        const float part = columns_sum<G>(sn * go);
+        dS(m) = fmaf(in.q(m), in.d_o, dS(m));
+        const float part = columns_sum<G>(sn * in.d_o);
         if (lane < G) atomicAdd(&sh[i], part);
         dS(m) *= Step::grad(sn);
         dd = fmaf(dS(m), s_old[i * V + j], dd);
-        sk = fmaf(dS(m), to_float(kt[G * m]), sk);
+        sk = fmaf(dS(m), in.k(m), sk);
       }
       sk = group_sum<G>(sk);                         // (dP^T k)_j
-      const float ddelta = be * sk;
+      const float ddelta = in.beta * sk;
       if (g == 0) dv[row * V + j] = from_float<T>(ddelta);
 #pragma unroll kUnroll
       for (int m = 0; m < R; ++m) {
         const int i = g + G * m;
-        const float part = columns_sum<G>(be * dS(m) * delta - s_old[i * V + j] * ddelta);
+        const float part = columns_sum<G>(in.beta * dS(m) * delta - s_old[i * V + j] * ddelta);
         if (lane < G) atomicAdd(&sh[N + i], part);
-        dS(m) = fmaf(dec, dS(m), -to_float(kt[G * m]) * ddelta);
+        dS(m) = fmaf(in.decay, dS(m), -in.k(m) * ddelta);
       }
       dd = group_sum<G>(dd);
       if (a.column) {
