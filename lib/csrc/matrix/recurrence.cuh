@@ -214,33 +214,56 @@ __global__ void __launch_bounds__(kMatrixThreads, 1) backward_kernel(const Matri
       }
     }
     StepInputs<R, G, T, kPrefetch<R>, true> in, next;
-    if constexpr (kPrefetch<R>) next.load(a, int64_t(end - 1) * BH + bh, g, j);
+    // With kPrefetch the step's states S_t, S_{t-1} sit in registers: S_{t-1} becomes the next
+    // step's S_t, and S_{t-2} is loaded from the scratch one step ahead.
+    float sn_regs[kPrefetch<R> ? R : 1], so_regs[kPrefetch<R> ? R : 1], so_next[kPrefetch<R> ? R : 1];
+    const int64_t elem0 = g * V + j, elem_stride = int64_t(G) * V;  // row g + G m, column j
+    if constexpr (kPrefetch<R>) {
+      next.load(a, int64_t(end - 1) * BH + bh, g, j);
+#pragma unroll
+      for (int m = 0; m < R; ++m) {
+        sn_regs[m] = scratch[(end - start) * NV + elem0 + m * elem_stride];
+        so_regs[m] = scratch[(end - 1 - start) * NV + elem0 + m * elem_stride];
+      }
+    }
     for (int t = end - 1; t >= start; --t) {
       const int64_t row = int64_t(t) * BH + bh;
+      const float* s_new = scratch + int64_t(t - start + 1) * NV + elem0;
+      const float* s_old = scratch + int64_t(t - start) * NV + elem0;
       if constexpr (kPrefetch<R>) {
         in = next;
-        if (t > start) next.load(a, row - BH, g, j);
+        if (t > start) {
+          next.load(a, row - BH, g, j);
+#pragma unroll
+          for (int m = 0; m < R; ++m) so_next[m] = s_old[m * elem_stride - NV];
+        }
       } else {
         in.load(a, row, g, j);
       }
-      const float* s_new = scratch + int64_t(t - start + 1) * NV;
-      const float* s_old = scratch + int64_t(t - start) * NV;
+      auto S_new = [&](int m) -> float {
+        if constexpr (kPrefetch<R>) return sn_regs[m];
+        else return s_new[m * elem_stride];
+      };
+      auto S_old = [&](int m) -> float {
+        if constexpr (kPrefetch<R>) return so_regs[m];
+        else return s_old[m * elem_stride];
+      };
       float* sh = acc[buf];
       float r = 0.f;
 #pragma unroll kUnroll
-      for (int m = 0; m < R; ++m) r = fmaf(s_old[(g + G * m) * V + j], in.k(m), r);
+      for (int m = 0; m < R; ++m) r = fmaf(S_old(m), in.k(m), r);
       const float delta = in.v - group_sum<G>(r);
       // read-out: dS += q do^T, dq = S_t do; then dP = dS * act'(S_t) kept in dS
       float dd = 0.f, sk = 0.f;
 #pragma unroll kUnroll
       for (int m = 0; m < R; ++m) {
         const int i = g + G * m;
-        const float sn = s_new[i * V + j];
+        const float sn = S_new(m);
         dS(m) = fmaf(in.q(m), in.d_o, dS(m));
         const float part = columns_sum<G>(sn * in.d_o);
         if (lane < G) atomicAdd(&sh[i], part);
         dS(m) *= Step::grad(sn);
-        dd = fmaf(dS(m), s_old[i * V + j], dd);
+        dd = fmaf(dS(m), S_old(m), dd);
         sk = fmaf(dS(m), in.k(m), sk);
       }
       sk = group_sum<G>(sk);                         // (dP^T k)_j
@@ -249,7 +272,7 @@ __global__ void __launch_bounds__(kMatrixThreads, 1) backward_kernel(const Matri
 #pragma unroll kUnroll
       for (int m = 0; m < R; ++m) {
         const int i = g + G * m;
-        const float part = columns_sum<G>(in.beta * dS(m) * delta - s_old[i * V + j] * ddelta);
+        const float part = columns_sum<G>(in.beta * dS(m) * delta - S_old(m) * ddelta);
         if (lane < G) atomicAdd(&sh[N + i], part);
         dS(m) = fmaf(in.decay, dS(m), -in.k(m) * ddelta);
       }
@@ -274,6 +297,13 @@ __global__ void __launch_bounds__(kMatrixThreads, 1) backward_kernel(const Matri
         else if (x == 2 * N + 1 && a.beta) a.d_beta[row] = val;
       }
       buf ^= 1;
+      if constexpr (kPrefetch<R>) {
+#pragma unroll
+        for (int m = 0; m < R; ++m) {
+          sn_regs[m] = so_regs[m];
+          so_regs[m] = so_next[m];
+        }
+      }
     }
   }
   float* dh0 = a.dh0 + bh * NV;

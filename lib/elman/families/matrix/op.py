@@ -7,10 +7,11 @@ backward (q, k, v, decay, beta | None, ckpt, d_o, d_S_T, step, K) -> (dq, dk, dv
 q, k [T, B, H, n] and v [T, B, H, v] are float32 or bfloat16 (o and dq, dk, dv take their
 dtype); decay ([T, B, H] or [T, B, H, v]), beta [T, B, H], h0 [B, H, n, v], S_T and the
 checkpoints are float32 (`recurrence` casts them, so the decay is never rounded to bf16). One
-CTA per (batch, head) keeps the head's state in registers, 8 threads per value column, each
-owning n / 8 rows; the forward stores the state every K steps; the backward walks the chunks
-in reverse, recomputes each chunk's states from its checkpoint into a per-CTA scratch and
-backpropagates step by step (`schedule.py` is the same schedule in PyTorch). Every input goes
+CTA per (batch, head) keeps the head's state in registers, G threads per value column (8 up to
+v = 64, else 4), each owning n / G rows; each step's inputs are loaded one step ahead; the
+forward stores the state every K steps; the backward walks the chunks in reverse, recomputes
+each chunk's states from its checkpoint into a per-CTA scratch and backpropagates step by step
+(`schedule.py` is the same schedule in PyTorch). Every input goes
 through elman.core.validate before the extension is loaded.
 """
 from __future__ import annotations
