@@ -7,11 +7,11 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ..core.layer import check_backend
 from ..families.diagonal import inputs, op as diagonal
 from ..families.diagonal.layer import DiagonalLayer, uniform
+from ..families.diagonal.reference import walk
 
 STEP = "e34"  # the scan's step: h = tanh(u + delta * h_prev)
 CLAMP = 0.99
@@ -19,13 +19,8 @@ CLAMP = 0.99
 
 def reference(x, w_x, b, d_vec, h0=None):
     """The definition: a sequential loop over time-major [T, B, D] tensors."""
-    h = x.new_zeros(x.shape[1:]) if h0 is None else h0
     delta = d_vec.clamp(-CLAMP, CLAMP)
-    outs = []
-    for t in range(x.shape[0]):
-        h = torch.tanh(x[t] @ w_x.t() + delta * h + b)
-        outs.append(h * F.silu(h))
-    return torch.stack(outs), h
+    return walk(x, h0, lambda xt, h: torch.tanh(xt @ w_x.t() + delta * h + b))
 
 
 def cell(x, w_x, b, d_vec, h0=None, backend: str = "cuda"):

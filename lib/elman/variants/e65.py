@@ -7,25 +7,22 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ..core.layer import check_backend
 from ..families.diagonal import inputs, op as diagonal
 from ..families.diagonal.layer import DiagonalLayer, constant
+from ..families.diagonal.reference import walk
 
 STEP = "e65"
 
 
 def reference(x, w_a, b_a, w_x, b, d_h, h0=None):
     """The definition: a sequential loop over time-major [T, B, D] tensors."""
-    h = x.new_zeros(x.shape[1:]) if h0 is None else h0
-    outs = []
-    for t in range(x.shape[0]):
-        alpha = torch.sigmoid(x[t] @ w_a.t() + b_a)
-        v = torch.tanh(d_h * h + x[t] @ w_x.t() + b)
-        h = alpha * h + (1 - alpha) * v
-        outs.append(h * F.silu(h))
-    return torch.stack(outs), h
+    def step(xt, h):
+        alpha = torch.sigmoid(xt @ w_a.t() + b_a)
+        v = torch.tanh(d_h * h + xt @ w_x.t() + b)
+        return alpha * h + (1 - alpha) * v
+    return walk(x, h0, step)
 
 
 def cell(x, w_a, b_a, w_x, b, d_h, h0=None, backend: str = "cuda"):

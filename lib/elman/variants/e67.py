@@ -8,25 +8,22 @@ is its own module). Chapter: book/chapters/e67_h_gate.ipynb.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ..core.layer import check_backend
 from ..families.diagonal import inputs, op as diagonal
 from ..families.diagonal.layer import DiagonalLayer, constant
+from ..families.diagonal.reference import walk
 
 STEP = "e67"
 
 
 def reference(x, w_a, b_a, w_x, b_v, d_a, h0=None):
     """The definition: a sequential loop over time-major [T, B, D] tensors."""
-    h = x.new_zeros(x.shape[1:]) if h0 is None else h0
-    outs = []
-    for t in range(x.shape[0]):
-        alpha = torch.sigmoid(x[t] @ w_a.t() + d_a * h + b_a)
-        v = torch.tanh(x[t] @ w_x.t() + b_v)
-        h = alpha * h + (1 - alpha) * v
-        outs.append(h * F.silu(h))
-    return torch.stack(outs), h
+    def step(xt, h):
+        alpha = torch.sigmoid(xt @ w_a.t() + d_a * h + b_a)
+        v = torch.tanh(xt @ w_x.t() + b_v)
+        return alpha * h + (1 - alpha) * v
+    return walk(x, h0, step)
 
 
 def cell(x, w_a, b_a, w_x, b_v, d_a, h0=None, backend: str = "cuda"):
