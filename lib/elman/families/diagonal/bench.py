@@ -140,15 +140,22 @@ def _fla_fns(kind: str, T: int, B: int, D: int, n: int):
     return fwd, fwdbwd
 
 
+def _e68_step(h, a, u, d_g, b_g):
+    alpha = torch.sigmoid(a)
+    v = torch.tanh(u) * torch.sigmoid(d_g * h + b_g)
+    h = alpha * h + (1 - alpha) * v
+    return h, h * F.silu(h)
+
+
+@lru_cache(maxsize=1)
+def _compiled_e68_step():
+    """E68's step compiled once per process (torch.compile specialises it per [B, D] shape)."""
+    return torch.compile(_e68_step, dynamic=False)
+
+
 def _compiled_e68_fns(T: int, B: int, D: int, n: int):
     """E68's recurrence as a PyTorch loop over a `torch.compile`d step."""
-    @torch.compile(dynamic=False)
-    def step(h, a, u, d_g, b_g):
-        alpha = torch.sigmoid(a)
-        v = torch.tanh(u) * torch.sigmoid(d_g * h + b_g)
-        h = alpha * h + (1 - alpha) * v
-        return h, h * F.silu(h)
-
+    step = _compiled_e68_step()
     info, sets = _scan_sets("e68", T, B, D, n)
 
     def run(h0, us, qs):
