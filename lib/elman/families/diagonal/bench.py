@@ -159,9 +159,11 @@ def _compiled_e68_fns(T: int, B: int, D: int, n: int):
     info, sets = _scan_sets("e68", T, B, D, n)
 
     def run(h0, us, qs):
+        # unbind once: indexing x[t] per step would make autograd build a full-size gradient
+        # for every step (quadratic in T)
         h, outs = h0, []
-        for t in range(T):
-            h, o = step(h, us[0][t], us[1][t], qs[0], qs[1])
+        for a, u in zip(us[0].unbind(0), us[1].unbind(0)):
+            h, o = step(h, a, u, qs[0], qs[1])
             outs.append(o)
         return torch.stack(outs), h
 
