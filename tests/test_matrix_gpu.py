@@ -37,8 +37,8 @@ def test_op_matches_the_schedule_fp32(step, column, beta, K):
                                           step=step, K=K)
     torch.testing.assert_close(o.double(), o_ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(S_T.double(), S_ref, rtol=1e-5, atol=1e-5)
-    _, _, ckpt_op = op._ext().forward(plain["q"], plain["k"], plain["v"], plain["decay"], plain["beta"],
-                                      plain["h0"], ref.STEPS.index(step), K)
+    _, _, ckpt_op = op.forward(plain["q"], plain["k"], plain["v"], plain["decay"], plain["beta"],
+                               plain["h0"], step, K)
     torch.testing.assert_close(ckpt_op.double(), ckpt, rtol=1e-5, atol=1e-5)
 
 
@@ -82,13 +82,28 @@ def test_unsupported_sizes_raise_before_launch():
     with pytest.raises(ValueError, match="take n and v"):
         op.recurrence(**kw)
     ext = op._ext()
+    g = {k: None if t is None else t.detach().float() for k, t in _inputs(4, 1, 1, 32, 32).items()}
+    o, S_T, ckpt = (torch.empty_like(g["v"]), torch.empty_like(g["h0"]), torch.empty(1, 1, 1, 32, 32, device="cuda"))
     with pytest.raises(ValueError, match="do not take"):
-        ext.forward(kw["q"], kw["k"], kw["v"], kw["decay"], kw["beta"], kw["h0"], 0, 16)
-    good = {k: None if t is None else t.detach().float() for k, t in _inputs(4, 1, 1, 32, 32).items()}
+        ext.forward(kw["q"], kw["k"], kw["v"], kw["decay"], kw["beta"], kw["h0"], o, S_T, ckpt, 0, 16)
     with pytest.raises(ValueError, match="step"):
-        ext.forward(good["q"], good["k"], good["v"], good["decay"], good["beta"], good["h0"], 7, 16)
+        ext.forward(g["q"], g["k"], g["v"], g["decay"], g["beta"], g["h0"], o, S_T, ckpt, 7, 16)
     with pytest.raises(TypeError, match="dtype"):
-        ext.forward(good["q"], good["k"], good["v"], good["decay"].double(), good["beta"], good["h0"], 0, 16)
+        ext.forward(g["q"], g["k"], g["v"], g["decay"].double(), g["beta"], g["h0"], o, S_T, ckpt, 0, 16)
+    with pytest.raises(ValueError, match="o has shape"):
+        ext.forward(g["q"], g["k"], g["v"], g["decay"], g["beta"], g["h0"], o[:, :, :, :8].contiguous(),
+                    S_T, ckpt, 0, 16)
+
+
+def test_outputs_are_fully_written():
+    from elman.core import extension
+    kw = {k: None if t is None else t.detach().float() for k, t in _inputs(21, 2, 3, 24, 48).items()}
+    with extension.poisoned():
+        o, S_T, ckpt = op.forward(kw["q"], kw["k"], kw["v"], kw["decay"], kw["beta"], kw["h0"], "tanh", 16)
+        grads = op.backward(kw["q"], kw["k"], kw["v"], kw["decay"], kw["beta"], ckpt, torch.randn_like(o),
+                            torch.randn_like(S_T), "tanh", 16)
+    for t in (o, S_T, ckpt, *grads):
+        assert torch.isfinite(t).all()
 
 
 def test_layer_runs_under_autocast():

@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "common/check.h"
@@ -66,43 +65,48 @@ elman::MatrixArgs args_of(const Call& c, const at::Tensor& q, const at::Tensor& 
   return a;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& decay,
-    const c10::optional<at::Tensor>& beta, const at::Tensor& h0, int64_t step, int64_t K) {
+void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& decay,
+             const c10::optional<at::Tensor>& beta, const at::Tensor& h0, at::Tensor& o,
+             at::Tensor& S_T, at::Tensor& ckpt, int64_t step, int64_t K) {
   const Call c = check_call(q, k, v, decay, beta, step, K);
   c.f32(h0, "h0", {c.B, c.H, c.n, c.v});
+  c.same(o, "o", {c.T, c.B, c.H, c.v});
+  c.f32(S_T, "S_T", {c.B, c.H, c.n, c.v});
+  c.f32(ckpt, "ckpt", {(c.T + K - 1) / K, c.B, c.H, c.n, c.v});
   const c10::cuda::CUDAGuard guard(k.device());
-  at::Tensor o = at::empty({c.T, c.B, c.H, c.v}, v.options());
-  at::Tensor S_T = at::empty({c.B, c.H, c.n, c.v}, h0.options());
-  at::Tensor ckpt = at::empty({(c.T + K - 1) / K, c.B, c.H, c.n, c.v}, h0.options());
   elman::MatrixArgs a = args_of(c, q, k, v, decay, beta, step, K);
   a.h0 = h0.data_ptr<float>(), a.o = o.data_ptr(), a.S_T = S_T.data_ptr<float>();
   a.ckpt = ckpt.data_ptr<float>();
   elman::check::cuda(elman::matrix_forward(a), "matrix forward");
-  return {o, S_T, ckpt};
 }
 
-std::vector<at::Tensor> backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                 const at::Tensor& decay, const c10::optional<at::Tensor>& beta,
-                                 const at::Tensor& ckpt, const at::Tensor& d_o,
-                                 const at::Tensor& d_ST, int64_t step, int64_t K) {
+void backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& decay,
+              const c10::optional<at::Tensor>& beta, const at::Tensor& ckpt, const at::Tensor& d_o,
+              const at::Tensor& d_ST, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv,
+              at::Tensor& d_decay, const c10::optional<at::Tensor>& d_beta, at::Tensor& dh0,
+              int64_t step, int64_t K) {
   const Call c = check_call(q, k, v, decay, beta, step, K);
   c.f32(ckpt, "ckpt", {(c.T + K - 1) / K, c.B, c.H, c.n, c.v});
   c.same(d_o, "d_o", {c.T, c.B, c.H, c.v});
   c.f32(d_ST, "d_S_T", {c.B, c.H, c.n, c.v});
+  c.same(dq, "dq", {c.T, c.B, c.H, c.n});
+  c.same(dk, "dk", {c.T, c.B, c.H, c.n});
+  c.same(dv, "dv", {c.T, c.B, c.H, c.v});
+  if (c.column) c.f32(d_decay, "d_decay", {c.T, c.B, c.H, c.v});
+  else c.f32(d_decay, "d_decay", {c.T, c.B, c.H});
+  if (beta.has_value() != d_beta.has_value())
+    value_error("d_beta must be given exactly when beta is");
+  if (d_beta) c.f32(*d_beta, "d_beta", {c.T, c.B, c.H});
+  c.f32(dh0, "dh0", {c.B, c.H, c.n, c.v});
   const c10::cuda::CUDAGuard guard(k.device());
   const int64_t slots = std::min(K, c.T) + 1;
-  at::Tensor scratch = at::empty({c.B * c.H, slots, c.n, c.v}, ckpt.options());
-  at::Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
-  at::Tensor dd = at::empty_like(decay), dh0 = at::empty_like(d_ST);
-  at::Tensor db = beta ? at::empty_like(*beta) : at::Tensor();
+  const at::Tensor scratch = at::empty({c.B * c.H, slots, c.n, c.v}, ckpt.options());
   elman::MatrixArgs a = args_of(c, q, k, v, decay, beta, step, K);
   a.ckpt = ckpt.data_ptr<float>(), a.d_o = d_o.data_ptr(), a.d_ST = d_ST.data_ptr<float>();
   a.scratch = scratch.data_ptr<float>(), a.dq = dq.data_ptr(), a.dk = dk.data_ptr();
-  a.dv = dv.data_ptr(), a.d_decay = dd.data_ptr<float>(), a.dh0 = dh0.data_ptr<float>();
-  a.d_beta = beta ? db.data_ptr<float>() : nullptr;
+  a.dv = dv.data_ptr(), a.d_decay = d_decay.data_ptr<float>(), a.dh0 = dh0.data_ptr<float>();
+  a.d_beta = d_beta ? d_beta->data_ptr<float>() : nullptr;
   elman::check::cuda(elman::matrix_backward(a), "matrix backward");
-  return {dq, dk, dv, dd, db, dh0};
 }
 
 std::vector<std::string> steps() {
@@ -116,10 +120,12 @@ std::vector<std::string> steps() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "elman matrix-state family kernels (lib/csrc/matrix)";
   m.def("steps", &steps, "names of the step table, in id order");
-  m.def("forward", &forward, "matrix recurrence forward -> (o, S_T, ckpt)", py::arg("q"),
-        py::arg("k"), py::arg("v"), py::arg("decay"), py::arg("beta"), py::arg("h0"),
-        py::arg("step"), py::arg("K"));
-  m.def("backward", &backward, "matrix recurrence backward -> [dq, dk, dv, d_decay, d_beta, dh0]",
+  m.def("forward", &forward, "matrix recurrence forward into (o, S_T, ckpt)", py::arg("q"),
+        py::arg("k"), py::arg("v"), py::arg("decay"), py::arg("beta"), py::arg("h0"), py::arg("o"),
+        py::arg("S_T"), py::arg("ckpt"), py::arg("step"), py::arg("K"));
+  m.def("backward", &backward, "matrix recurrence backward into (dq, dk, dv, d_decay, d_beta, dh0)",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("decay"), py::arg("beta"),
-        py::arg("ckpt"), py::arg("d_o"), py::arg("d_S_T"), py::arg("step"), py::arg("K"));
+        py::arg("ckpt"), py::arg("d_o"), py::arg("d_S_T"), py::arg("dq"), py::arg("dk"),
+        py::arg("dv"), py::arg("d_decay"), py::arg("d_beta"), py::arg("dh0"), py::arg("step"),
+        py::arg("K"));
 }

@@ -17,7 +17,6 @@ from ...core import records
 from ...core.entry import Entry, Shape
 from ...core.timing import T_DEFAULT, rotation, timeit
 from . import inputs, op
-from .reference import STEPS
 
 
 # Every matrix level's core runs the same op; these stand for the family in `elman bench` (the
@@ -76,24 +75,24 @@ def cell_records(entry: Entry, B: int, D: int, T: int = T_DEFAULT, reps: int = 3
     if not op.supported(n, v):
         print(f"bench: skipping {entry.name} at D={D}: n={n}, v={v} has no kernel")
         return []
-    ext, step = op._ext(), STEPS.index("tanh")
+    step = "tanh"
     moved = traffic_bytes(T, B, H, n, v, decay == "column")
     n_sets = 2 if quick else rotation(moved["bwd_bytes"])
     sets = _sets(T, B, H, n, v, decay, n_sets, torch.bfloat16)
-    ckpts = [ext.forward(s["q"], s["k"], s["v"], s["decay"], None, s["h0"], step, K)[2] for s in sets]
+    ckpts = [op.forward(s["q"], s["k"], s["v"], s["decay"], None, s["h0"], step, K)[2] for s in sets]
 
     def fwd(i):
         s = sets[i]
-        ext.forward(s["q"], s["k"], s["v"], s["decay"], None, s["h0"], step, K)
+        op.forward(s["q"], s["k"], s["v"], s["decay"], None, s["h0"], step, K)
 
     def bwd(i):
         s = sets[i]
-        ext.backward(s["q"], s["k"], s["v"], s["decay"], None, ckpts[i], s["d_o"], s["d_ST"], step, K)
+        op.backward(s["q"], s["k"], s["v"], s["decay"], None, ckpts[i], s["d_o"], s["d_ST"], step, K)
 
     def fwdbwd(i):
         s = sets[i]
-        ck = ext.forward(s["q"], s["k"], s["v"], s["decay"], None, s["h0"], step, K)[2]
-        ext.backward(s["q"], s["k"], s["v"], s["decay"], None, ck, s["d_o"], s["d_ST"], step, K)
+        ck = op.forward(s["q"], s["k"], s["v"], s["decay"], None, s["h0"], step, K)[2]
+        op.backward(s["q"], s["k"], s["v"], s["decay"], None, ck, s["d_o"], s["d_ST"], step, K)
 
     tf, tb, tfb = timeit(fwd, reps, 3, n_sets), timeit(bwd, reps, 3, n_sets), timeit(fwdbwd, reps, 3, n_sets)
     torch.cuda.synchronize()

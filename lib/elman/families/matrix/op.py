@@ -4,6 +4,8 @@ one launch per direction (lib/csrc/matrix/).
 forward  (q, k, v, decay, beta | None, h0, step, K) -> (o, S_T, ckpt)
 backward (q, k, v, decay, beta | None, ckpt, d_o, d_S_T, step, K) -> (dq, dk, dv, d_decay, d_beta, dh0)
 
+(`forward` and `backward` below allocate the outputs and call the extension, which writes them.)
+
 q, k [T, B, H, n] and v [T, B, H, v] are float32 or bfloat16 (o and dq, dk, dv take their
 dtype); decay ([T, B, H] or [T, B, H, v]), beta [T, B, H], h0 [B, H, n, v], S_T and the
 checkpoints are float32 (`recurrence` casts them, so the decay is never rounded to bf16). One
@@ -63,11 +65,37 @@ def validate_call(q, k, v, decay, beta, h0, step: str, K: int) -> tuple[int, ...
     return T, B, H, n, vd
 
 
+def checkpoints(T: int, K: int) -> int:
+    return -(-T // K)
+
+
+def forward(q, k, v, decay, beta, h0, step: str, K: int):
+    """The raw forward on validated, contiguous inputs (decay, beta, h0 float32):
+    (o, S_T, ckpt), allocated by `extension.empty` (NaN inside `extension.poisoned()`)."""
+    T, B, H, n = k.shape
+    vd = v.shape[-1]
+    o = ops.empty((T, B, H, vd), v)
+    S_T = ops.empty((B, H, n, vd), h0)
+    ckpt = ops.empty((checkpoints(T, K), B, H, n, vd), h0)
+    _ext().forward(q, k, v, decay, beta, h0, o, S_T, ckpt, STEPS.index(step), K)
+    return o, S_T, ckpt
+
+
+def backward(q, k, v, decay, beta, ckpt, d_o, d_ST, step: str, K: int):
+    """The raw backward: (dq, dk, dv, d_decay, d_beta or None, dh0)."""
+    dq, dk, dv = ops.empty(q.shape, q), ops.empty(k.shape, k), ops.empty(v.shape, v)
+    dd, dh0 = ops.empty(decay.shape, decay), ops.empty(d_ST.shape, d_ST)
+    db = None if beta is None else ops.empty(beta.shape, beta)
+    _ext().backward(q, k, v, decay, beta, ckpt, d_o, d_ST, dq, dk, dv, dd, db, dh0,
+                    STEPS.index(step), K)
+    return dq, dk, dv, dd, db, dh0
+
+
 class _Recurrence(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, decay, beta, h0, step, K):
         q, k, v = (validate.aligned(validate.contiguous(t)) for t in (q, k, v))
-        o, S_T, ckpt = _ext().forward(q, k, v, decay, beta, h0, STEPS.index(step), K)
+        o, S_T, ckpt = forward(q, k, v, decay, beta, h0, step, K)
         ctx.save_for_backward(q, k, v, decay, beta, ckpt)
         ctx.step, ctx.K = step, K
         return o, S_T
@@ -77,9 +105,8 @@ class _Recurrence(torch.autograd.Function):
         q, k, v, decay, beta, ckpt = ctx.saved_tensors
         d_o = torch.zeros_like(v) if d_o is None else d_o.to(v.dtype).contiguous()
         d_ST = torch.zeros_like(ckpt[0]) if d_ST is None else d_ST.float().contiguous()
-        dq, dk, dv, dd, db, dh0 = _ext().backward(q, k, v, decay, beta, ckpt, d_o, d_ST,
-                                                  STEPS.index(ctx.step), ctx.K)
-        return dq, dk, dv, dd, (db if beta is not None else None), dh0, None, None
+        dq, dk, dv, dd, db, dh0 = backward(q, k, v, decay, beta, ckpt, d_o, d_ST, ctx.step, ctx.K)
+        return dq, dk, dv, dd, db, dh0, None, None
 
 
 def recurrence(q, k, v, decay, beta, h0, step: str = "tanh", K: int = CHECKPOINT):
