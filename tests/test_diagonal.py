@@ -360,6 +360,11 @@ def test_report_from_records():
     text = report.headline(cells)
     assert "misses the 60 % target" in text and "2.0x as fast as fla:chunk_hgrn" in text
     assert "No record" in report.headline(cells, {"B": 1, "D": 1, "T": 1})
+    par = [{"kind": "parity", "variant": "E61", "impl": "cuda:scan", "params": {"dtype": dt},
+            "metrics": {"max_fwd": e, "max_bwd": 2 * e}} for dt, e in (("float32", 1e-7), ("bfloat16", 3e-3))]
+    closing = report.closing_table(recs + par, ["E61", "E34"])
+    assert "| E61 | cuda:scan | 2.0e-07 | 6.0e-03 | 0.200 | 67 | 0.400 | 50 |" in closing
+    assert "| E61 | fla:chunk_hgrn |  |  | 0.300" in closing and "| E34 | cuda:scan | - | - |" in closing
     import matplotlib
     matplotlib.use("Agg")
     assert report.plot_bandwidth(cells, 512) is not None

@@ -85,3 +85,32 @@ def headline(recs: list[dict], shape: dict = HEADLINE) -> str:
             lines.append(f"- {r['variant']}: the scan's forward + backward is "
                          f"{m['fwdbwd_ms']['median'] / o['fwdbwd_ms']['median']:.1f}x as fast as {r['impl']}.")
     return "\n".join(lines)
+
+
+def closing_table(recs: list[dict], variants: tuple[str, ...] | list[str], shape: dict = HEADLINE) -> str:
+    """The issue's closing table from one run's records: per variant the worst parity error
+    in fp32 and bf16 (every shape, output and gradient), and at `shape` the scan's forward and
+    backward time and % of the copy bandwidth; FLA's HGRN kernels and the compiled E68 loop
+    as rows of their own."""
+    lines = ["| variant | implementation | worst fp32 error | worst bf16 error | fwd ms | fwd % of copy "
+             "| bwd ms | bwd % of copy |", "|---|---|---|---|---|---|---|---|"]
+    at = {(r["variant"], r["impl"]): r for r in cells(recs, variants)
+          if all(r["params"].get(k) == v for k, v in shape.items())}
+    for v in variants:
+        par = [r for r in recs if r.get("kind") == "parity" and r["variant"] == v]
+
+        def worst(dt):
+            errs = [max(r["metrics"]["max_fwd"], r["metrics"]["max_bwd"]) for r in par
+                    if r["params"]["dtype"] == dt]
+            return f"{max(errs):.1e}" if errs else "-"
+        impls = sorted({i for (w, i) in at if w == v}, key=lambda i: (i != "cuda:scan", i)) or ["cuda:scan"]
+        for impl in impls:
+            r = at.get((v, impl))
+            errs = (worst("float32"), worst("bfloat16")) if impl == "cuda:scan" else ("", "")
+            if r is None:
+                lines.append(f"| {v} | {impl} | {errs[0]} | {errs[1]} | - | - | - | - |")
+                continue
+            m = r["metrics"]
+            lines.append(f"| {v} | {impl} | {errs[0]} | {errs[1]} | {m['fwd_ms']['median']:.3f} "
+                         f"| {m['fwd_pct_copy']:.0f} | {_bwd_ms(m):.3f} | {m['bwd_pct_copy']:.0f} |")
+    return "\n".join(lines)
