@@ -155,10 +155,12 @@ class E88(nn.Module):
         return torch.exp(-torch.exp(self.A_log.to(acc)) * F.softplus(a + self.dt_bias.to(acc)))
 
     def _conv(self, u: torch.Tensor) -> torch.Tensor:
-        T = u.shape[0]
-        w = self.conv.to(u.dtype)
-        x = u.permute(1, 2, 0)                                  # [B, C, T]
-        return F.conv1d(x, w, None, padding=w.shape[-1] - 1, groups=x.shape[1])[..., :T].permute(2, 0, 1)
+        """Causal depthwise conv over time of u [T, B, C], no bias: out_t = sum_i w[:, i] u_{t-K+1+i}.
+        Written as K shifted products rather than cuDNN's conv1d, which may run fp32 on TF32."""
+        T, K = u.shape[0], self.conv.shape[-1]
+        w = self.conv.to(u.dtype)[:, 0, :]                      # [C, K]
+        padded = F.pad(u, (0, 0, 0, 0, K - 1, 0))               # K - 1 zero steps in front
+        return sum(padded[i:i + T] * w[:, i] for i in range(K))
 
     def forward(self, y: torch.Tensor, h0: torch.Tensor | None = None):
         check_sequence("E88", y, self.dim)
