@@ -167,6 +167,10 @@ def test_level_names():
     assert (layer.H, layer.n, layer.v) == (3, 8, 8)
     with pytest.raises(ValueError):
         e88.level_options("E89")
+    built = e88.entry_for("e88h7n24")
+    assert built.name == "E88h7n24" and built.layer(64, backend="reference").H == 7
+    assert e75.entry_for("E75h3n48").layer(64, backend="reference").n == 48
+    assert e88.entry_for("E75h3n48") is None and e75.entry_for("E88") is None
 
 
 @pytest.mark.parametrize("entry", [*e88.ENTRIES, *e75.ENTRIES], ids=lambda e: e.name)

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..core.entry import shapes
+from ..core.entry import Entry, shapes
 from ..core.layer import CausalConv, autocast_dtype, check_backend, check_sequence, inner_width
 from ..families.matrix import inputs, op as matrix
 from ..families.matrix.layer import check_parameters, remember_shapes
@@ -143,6 +143,17 @@ def _entry(name: str, opts: dict, aliases: tuple[str, ...] = ()):
         title="E75: gated delta matrix memory, per-row forget gate",
         chapter="book/chapters/e75_gated_delta_matrix.ipynb",
         layer_params=lambda dim, expansion=1.0: params(dim, expansion, **opts))
+
+
+def entry_for(level: str) -> Entry | None:
+    """The entry of any E75 level name, patterns included ('E75h3n48'); None if `level` is not
+    an E75 name."""
+    try:
+        opts = level_options(level)
+    except ValueError:
+        return None
+    name = level if re.fullmatch(r"75(?:n\d+)?", level) else f"E75h{opts['n_heads']}n{opts['n_state']}"
+    return _entry(name, opts)
 
 
 ENTRIES = (

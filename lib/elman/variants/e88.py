@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..core.entry import Shape, shapes
+from ..core.entry import Entry, Shape, shapes
 from ..core.layer import autocast_dtype, check_backend, check_sequence
 from ..families.matrix import inputs, op as matrix
 from ..families.matrix.layer import check_parameters, remember_shapes
@@ -298,6 +298,18 @@ def _entry(name: str, opts: dict, aliases: tuple[str, ...] = ()):
     H, n = opts["n_heads"], opts["n_state"]
     return inputs.entry(**fields, layer_cases=lambda shape: [("", _shape_layer(opts, shape))],
                         test_shapes=shapes((17, 2, 64, H, n, n), (1, 1, 48, H, n, n)))
+
+
+def entry_for(level: str) -> Entry | None:
+    """The entry of any E88 level name, patterns included ('E88h7n24'); None if `level` is not
+    an E88 name. Registered names resolve to their registered entry through the registry."""
+    try:
+        opts = level_options(level)
+    except ValueError:
+        return None
+    m = _PATTERN.fullmatch(level)
+    name = f"E88h{opts['n_heads']}n{opts['n_state']}" if m else level
+    return _entry(name, opts)
 
 
 ENTRIES = (
