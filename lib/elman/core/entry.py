@@ -111,7 +111,8 @@ class Entry:
     family: str | None = None  # kernel family of a variant (FAMILIES); None for baselines
     # the definition: plain sequential PyTorch over the cell's inputs (variants)
     reference: Callable[..., tuple[torch.Tensor, ...]] | None = None
-    # dense family: the op's epilogue the cell runs (the family's cell benchmark feeds it)
+    # dense: the op's epilogue the cell runs (the family's cell benchmark feeds it);
+    # diagonal: the scan's step name (lib/csrc/diagonal/steps.cuh)
     epilogue: str | None = None
     aliases: tuple[str, ...] = ()
     # layer_params(dim, expansion) -> parameters of one layer, from the specification's
