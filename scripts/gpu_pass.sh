@@ -4,9 +4,10 @@
 # execute the chapters with papermill, optionally train, and pack everything into one
 # archive under $OUT.
 #
-#   scripts/gpu_pass.sh [STAGE ...]      stages: setup build warm test parity bitwise gdn baselines
-#                                        bench sanitize chapters train leaderboard pack (default: all
-#                                        but bitwise, baselines, train and leaderboard)
+#   scripts/gpu_pass.sh [STAGE ...]      stages: setup build warm test parity bitwise gdn diagonal
+#                                        baselines bench sanitize chapters train leaderboard pack
+#                                        (default: all but bitwise, diagonal, baselines, train and
+#                                        leaderboard)
 #   scripts/gpu_pass.sh setup build warm baselines pack     the baselines' run (issue 4) alone
 #
 # warm compiles, in parallel, the Triton kernels (mamba2, fla-gdn) of the stages that follow
@@ -121,6 +122,17 @@ sanitize() {
 # `git archive COMMIT lib/csrc | tar -x -C .cache/before` and carried).
 bitwise_stage() { python3 dev/dense_bitwise.py --before "${BEFORE_SRC:-.cache/before}" --label "${BEFORE_LABEL:-a62a39d}"; }
 gdn_stage() { python3 scripts/verify_gdn.py; }
+# The diagonal family's bandwidth table (issue 21's shapes): every diagonal level, forward and
+# backward against the copy bandwidth, FLA's HGRN kernels beside E61, T = 512 then T = 4096.
+diagonal_stage() {
+  local levels ok=0 T
+  levels=$(python3 -c "from elman import registry; print(' '.join(e.name for e in registry.entries(family='diagonal')))")
+  for T in ${DIAGONAL_T:-512 4096}; do
+    python3 -m elman bench --levels $levels --B 4 16 64 --D 1024 2048 4096 --T $T --no-layers \
+      ${QUICK:+--quick} ${BENCH_ARGS:-} || ok=1
+  done
+  return $ok
+}
 baselines_stage() {  # fla-gdn verified, then every baseline's parity, then their layers beside E1
   local ok=0
   python3 scripts/verify_gdn.py || ok=1
@@ -155,6 +167,7 @@ has test && stage test gpu_tests
 has parity && stage parity parity_stage
 has bitwise && stage bitwise bitwise_stage
 has gdn && stage gdn gdn_stage
+has diagonal && stage diagonal diagonal_stage
 has baselines && stage baselines baselines_stage
 has bench && stage bench bench_stage
 has sanitize && stage sanitize sanitize
