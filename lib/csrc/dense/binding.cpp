@@ -136,6 +136,8 @@ py::dict persistent_plan(int64_t B, int64_t D, bool backward, int64_t epilogue) 
 
 }  // namespace
 
+void register_delta(pybind11::module& m);  // delta_binding.cpp: the nonlinear-delta op (E63)
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "elman dense-family kernels (lib/csrc/dense)";
   m.def("epilogues", &epilogues, "{name: {'id': int, 'gates': int}} of the epilogue table");
@@ -150,4 +152,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("D"), py::arg("bf16"), py::arg("epilogue") = 0);
   m.def("persistent_plan", &persistent_plan, "launch shape of the persistent kernel",
         py::arg("B"), py::arg("D"), py::arg("backward"), py::arg("epilogue") = 0);
+  register_delta(m);
 }

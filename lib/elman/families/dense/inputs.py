@@ -28,7 +28,8 @@ def random_inputs(T: int, B: int, D: int, names: tuple[str, ...], device, genera
     spectral normalisation would, biases ~ N(0, 0.1), h0 ~ U(-0.5, 0.5). Two weight names of
     single-matrix variants: `w` (one W [D, D] used on the input and on h, spectral norm
     `radius`: E37, E42) and `w_xh` (E56's W = [W_x, W_h], [D, 2D]: a Xavier input half
-    beside a recurrent half of spectral norm `radius`)."""
+    beside a recurrent half of spectral norm `radius`). E63's gates: `w_a`, `w_b` Xavier like
+    W_x, `b_a`, `b_b` like b, `u_a`, `u_b` recurrent like W_h."""
     kw = dict(device=device, dtype=torch.float64, generator=generator)
     a = (6.0 / (2 * D)) ** 0.5
     make = {
@@ -40,11 +41,13 @@ def random_inputs(T: int, B: int, D: int, names: tuple[str, ...], device, genera
         "b_g": lambda: 0.1 * torch.randn(D, **kw),
         "h0": lambda: torch.rand(B, D, **kw) - 0.5,
     }
+    make.update(w_a=make["w_x"], w_b=make["w_x"], b_a=make["b"], b_b=make["b"])
 
     def recurrent():
         w = torch.randn(D, D, **kw)
         return w * (radius / torch.linalg.matrix_norm(w, ord=2))
-    make.update(w_h=recurrent, w=recurrent, w_xh=lambda: torch.cat([make["w_x"](), recurrent()], 1))
+    make.update(w_h=recurrent, w=recurrent, u_a=recurrent, u_b=recurrent,
+                w_xh=lambda: torch.cat([make["w_x"](), recurrent()], 1))
     out = {n: make[n]() for n in names}
     return {k: v.requires_grad_() for k, v in out.items()}
 

@@ -126,34 +126,23 @@ def _pairs(static: dict, given: dict):
             yield static[k], v
 
 
-def _replayed(direction: str, eid: int, args: dict, outs: dict) -> None:
-    """Run the per-step op (`forward` or `backward` of the extension) from a CUDA graph
-    captured once per epilogue and shape: copy `args` into the graph's static inputs, replay,
-    copy its static outputs into `outs`. Values may be tensors, lists of tensors (gates) or
-    None (no bias)."""
-    ext = _ext()
-    like = args["w_h"]
-
-    def sig(v):
-        if v is None:
-            return None
-        return tuple(tuple(t.shape) for t in v) if isinstance(v, (list, tuple)) else tuple(v.shape)
-    key = (direction, eid, *(sig(v) for v in args.values()), like.dtype, like.device)
+def replay(key: tuple, call, args: dict, outs: dict) -> None:
+    """Run `call(**static)` from a CUDA graph captured once per `key`: copy `args` into the
+    graph's static inputs, replay, copy its static outputs into `outs`. Values may be tensors,
+    lists of tensors (gates) or None (no bias); `key` must name every shape and the dtype."""
     if key not in _graphs:
         if len(_graphs) >= GRAPH_CACHE_SIZE:
             _graphs.pop(next(iter(_graphs)))
         static = {k: _static_like(v) for k, v in {**args, **outs}.items()}
-
-        def call():
-            getattr(ext, direction)(eid, **static, persistent=False)
+        like = next(v for v in args.values() if isinstance(v, torch.Tensor))
         side = torch.cuda.Stream(device=like.device)
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            call()  # warm-up outside the capture (cuBLAS handle and workspace)
+            call(**static)  # warm-up outside the capture (cuBLAS handle and workspace)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            call()
+            call(**static)
         _graphs[key] = (graph, static)
     graph, static = _graphs[key]
     for dst, src in _pairs(static, args):
@@ -164,6 +153,20 @@ def _replayed(direction: str, eid: int, args: dict, outs: dict) -> None:
     graph.replay()
     for src, dst in _pairs(static, outs):
         dst.copy_(src)
+
+
+def _replayed(direction: str, eid: int, args: dict, outs: dict) -> None:
+    """The per-step op (`forward` or `backward` of the extension) from a CUDA graph captured
+    once per epilogue and shape (`replay`)."""
+    like = args["w_h"]
+
+    def sig(v):
+        if v is None:
+            return None
+        return tuple(tuple(t.shape) for t in v) if isinstance(v, (list, tuple)) else tuple(v.shape)
+    key = (direction, eid, *(sig(v) for v in args.values()), like.dtype, like.device)
+    replay(key, lambda **static: getattr(_ext(), direction)(eid, **static, persistent=False),
+           args, outs)
 
 
 def forward_into(path: str, epilogue: str, wx, gates, w_h, b, h0, out, h_all) -> None:

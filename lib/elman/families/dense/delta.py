@@ -1,0 +1,232 @@
+"""The nonlinear-delta op of the dense family (E63 a/b/c/d; chapter
+book/chapters/e63_nonlinear_delta.ipynb): a gated blend of the state with a tanh candidate
+that itself reads the state.
+
+Time-major, with the input side precomputed for all T*B rows in one GEMM (outside the op):
+
+    pre_t = [W_x x_t + b; W_alpha x_t + b_alpha; (W_beta x_t + b_beta)]    G = 2 or 3 blocks of D
+    q_t   = W_rec h_{t-1},  W_rec = [W_h; (U_alpha; U_beta)]                R = 1 or 3 blocks
+    v = tanh(pre_v + q_v),  alpha = sigmoid(pre_alpha [+ q_alpha]),  beta = sigmoid(pre_beta [+ q_beta])
+    mode "a": h = alpha h_{t-1} + (1 - alpha) v       mode "b": h = alpha h_{t-1} + beta v
+    mode "c": "b" with the U terms (R = 3)           mode "d": h = h_{t-1} + alpha v
+    out = h * silu(h)
+
+The compiled op (lib/csrc/dense/delta.*) owns the recurrence:
+- forward  `(mode, pre, W_rec, h0) -> (out, h_all, act)`: per step one cuBLAS GEMM (E63c's three
+  blocks in the same GEMM) and one fused elementwise kernel; `act` keeps (v, alpha, beta);
+- backward `(mode, W_rec, h_all, act, d_out, d_hT) -> (d_pre, dh0)`: per step one fused kernel
+  (dh = carry + d_out * out'(h); every gate gradient of the step; carry = dh * dh_t/dh_{t-1})
+  and one GEMM adding W_rec^T d_pre_rec to the carry. dW_rec is one GEMM after the loop.
+
+Paths: `steps` (launched from the stream) and `graph` (the same loop captured once per shape
+in a CUDA graph and replayed). The persistent kernels do not take this op: `path="persistent"`
+raises, `auto` takes `graph` (`steps` while the stream is itself being captured).
+`emulate_forward` / `emulate_backward` state the kernels' schedule in PyTorch (CPU tests).
+"""
+from __future__ import annotations
+
+import torch
+
+from ...core import extension as ops
+from ...core import validate
+from .op import DTYPES, replay
+
+MODES = {"a": 0, "b": 1, "c": 2, "d": 3}
+CHANNELS = {"a": 2, "b": 3, "c": 3, "d": 2}   # G: input-side blocks (v, alpha[, beta])
+RECURRENT = {"a": 1, "b": 1, "c": 3, "d": 1}  # R: blocks of W_rec (W_h[, U_alpha, U_beta])
+PATHS = ("auto", "graph", "steps")
+RAW_PATHS = ("graph", "steps")
+last_path: dict[str, str] = {}
+
+
+def _ext():
+    return ops.load("dense")
+
+
+def check_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise ValueError(f"nonlinear-delta mode must be one of {tuple(MODES)}, got {mode!r}")
+
+
+def check_path(path: str) -> None:
+    """A clear error for a path this op does not run."""
+    if path == "persistent":
+        raise ValueError("the persistent kernels do not run the nonlinear-delta op (E63); "
+                         "use path='graph' or 'steps' (path='auto' takes 'graph')")
+    if path not in PATHS:
+        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+
+
+def plan(path: str = "auto") -> str:
+    """Which implementation runs: 'graph' or 'steps' (every size, fp32 and bf16)."""
+    check_path(path)
+    capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    if path == "graph" and capturing:
+        raise ValueError("path='graph' cannot run while the stream is being captured; use 'steps'")
+    if path != "auto":
+        return path
+    return "steps" if capturing else "graph"
+
+
+def paths(B: int, D: int, dtype: torch.dtype) -> list[str]:
+    """Every implementation that runs this size (the parity suite checks each)."""
+    validate.nonempty("(B, D)", (B, D), "B and D")
+    return list(RAW_PATHS)
+
+
+def validate_cell(mode: str, pre, w_rec, h0, path: str) -> None:
+    """Everything about a call that needs no GPU: mode, path, ranks, empty dimensions, exact
+    shapes, dtypes (float32 or bfloat16, all equal), then devices (all CUDA, one device)."""
+    check_mode(mode)
+    check_path(path)
+    T, B, GD = validate.sequence("pre", pre, "[T, B, G D]")
+    G, R = CHANNELS[mode], RECURRENT[mode]
+    if GD % G:
+        raise ValueError(f"pre has last dimension {GD}; mode {mode!r} stacks {G} blocks of D")
+    D = GD // G
+    validate.size_limit("B * G * D", B * GD)
+    validate.shapes({"W_rec": (w_rec, (R * D, D)), "h0": (h0, (B, D))})
+    tensors = {"pre": pre, "W_rec": w_rec, "h0": h0}
+    validate.dtypes(tensors, DTYPES)
+    validate.devices(tensors)
+
+
+# ---- the raw op on preallocated buffers ---------------------------------------------------
+def _replayed(direction: str, args: dict, outs: dict) -> None:
+    """`delta_forward` or `delta_backward` of the extension from a CUDA graph captured once per
+    mode and shape (the dense family's graph cache, op.replay)."""
+    mode = args.pop("mode")
+    like = args["w_rec"]
+    key = ("delta_" + direction, mode, *(tuple(v.shape) for v in args.values()), like.dtype,
+           like.device)
+    replay(key, lambda **static: getattr(_ext(), "delta_" + direction)(mode, **static), args, outs)
+
+
+def forward_into(path: str, mode: str, pre, w_rec, h0, out, h_all, act) -> None:
+    """The raw forward on preallocated buffers (`path` in graph, steps)."""
+    if path not in RAW_PATHS:
+        raise ValueError(f"path must be one of {RAW_PATHS}, got {path!r}")
+    args = dict(pre=pre, w_rec=w_rec, h0=h0)
+    outs = dict(out=out, h_all=h_all, act=act)
+    if path == "graph":
+        _replayed("forward", dict(mode=MODES[mode], **args), outs)
+    else:
+        _ext().delta_forward(MODES[mode], **args, **outs)
+
+
+def backward_into(path: str, mode: str, w_rec, h_all, act, d_out, d_hT, d_pre, dh0) -> None:
+    """The raw backward on preallocated buffers (`path` in graph, steps)."""
+    if path not in RAW_PATHS:
+        raise ValueError(f"path must be one of {RAW_PATHS}, got {path!r}")
+    args = dict(w_rec=w_rec, h_all=h_all, act=act, d_out=d_out, d_hT=d_hT)
+    outs = dict(d_pre=d_pre, dh0=dh0)
+    if path == "graph":
+        _replayed("backward", dict(mode=MODES[mode], **args), outs)
+    else:
+        _ext().delta_backward(MODES[mode], **args, **outs)
+
+
+# ---- autograd -------------------------------------------------------------------------------
+class DeltaCell(torch.autograd.Function):
+    """Autograd over the compiled op (pre, W_rec, h0) -> (out, h_T)."""
+
+    @staticmethod
+    def forward(ctx, mode, path, pre, w_rec, h0):
+        T, B, GD = pre.shape
+        D = GD // CHANNELS[mode]
+        chosen = plan(path)
+        pre, w_rec, h0 = (validate.contiguous(t) for t in (pre, w_rec, h0))
+        out = ops.empty((T, B, D), pre)
+        h_all = ops.empty((T + 1, B, D), pre)
+        act = ops.empty((T, B, GD), pre)
+        forward_into(chosen, mode, pre, w_rec, h0, out, h_all, act)
+        ctx.save_for_backward(w_rec, h_all, act)
+        ctx.mode, ctx.path = mode, chosen
+        last_path["forward"] = chosen
+        return out, h_all[T]
+
+    @staticmethod
+    def backward(ctx, d_out, d_hT):
+        w_rec, h_all, act = ctx.saved_tensors
+        T, B, GD = act.shape
+        D = h_all.shape[2]
+        RD = w_rec.shape[0]
+        d_out = (act.new_zeros(T, B, D) if d_out is None else d_out).to(act.dtype).contiguous()
+        d_hT = (act.new_zeros(B, D) if d_hT is None else d_hT).to(act.dtype).contiguous()
+        d_pre = ops.empty((T, B, GD), act)
+        dh0 = ops.empty((B, D), act)
+        chosen = "steps" if ctx.path == "graph" and torch.cuda.is_current_stream_capturing() \
+            else ctx.path
+        backward_into(chosen, ctx.mode, w_rec, h_all, act, d_out, d_hT, d_pre, dh0)
+        last_path["backward"] = chosen
+        d_rec = d_pre.view(T * B, GD)[:, :RD]
+        dw_rec = d_rec.t() @ h_all[:T].reshape(T * B, D)
+        return None, None, d_pre, dw_rec, dh0
+
+
+def cell(mode: str, pre: torch.Tensor, w_rec: torch.Tensor, h0: torch.Tensor | None = None,
+         path: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """The nonlinear-delta cell on the GPU: returns (out [T, B, D], h_T [B, D]),
+    differentiable in pre, W_rec and h0. Inputs are validated before the extension loads;
+    unsupported input raises, never falls back."""
+    validate_cell(mode, pre, w_rec, h0, path)
+    plan(path)
+    if h0 is None:
+        h0 = pre.new_zeros(pre.shape[1], pre.shape[2] // CHANNELS[mode])
+    return DeltaCell.apply(mode, path, pre, w_rec, h0)
+
+
+# ---- the kernels' schedule in PyTorch ------------------------------------------------------
+def emulate_forward(mode: str, pre: torch.Tensor, w_rec: torch.Tensor, h0: torch.Tensor):
+    """The forward loop as the kernels run it: one GEMM into q [B, R D] per step, then the
+    elementwise step on the channel blocks. Returns (out, h_all, act)."""
+    T, B, GD = pre.shape
+    G, R = CHANNELS[mode], RECURRENT[mode]
+    D = GD // G
+    h_all, outs, acts = [h0], [], []
+    for t in range(T):
+        hp = h_all[-1]
+        q = hp @ w_rec.t()
+        p = pre[t]
+        v = torch.tanh(p[:, :D] + q[:, :D])
+        alpha = torch.sigmoid(p[:, D:2 * D] + (q[:, D:2 * D] if R == 3 else 0))
+        beta = torch.sigmoid(p[:, 2 * D:] + (q[:, 2 * D:] if R == 3 else 0)) if G == 3 else None
+        if mode == "a":
+            h = alpha * hp + (1 - alpha) * v
+        elif mode == "d":
+            h = hp + alpha * v
+        else:
+            h = alpha * hp + beta * v
+        h_all.append(h)
+        outs.append(h * h * torch.sigmoid(h))
+        acts.append(torch.cat([v, alpha] + ([beta] if G == 3 else []), 1))
+    return torch.stack(outs), torch.stack(h_all), torch.stack(acts)
+
+
+def emulate_backward(mode: str, w_rec, h_all, act, d_out, d_hT):
+    """The backward loop as the kernels run it: per step the fused elementwise kernel (dh,
+    the step's pre-activation gradients, the elementwise carry) then carry += d_pre_rec W_rec.
+    Returns (d_pre, dh0, dW_rec)."""
+    T, B, GD = act.shape
+    D = h_all.shape[2]
+    G, RD = CHANNELS[mode], w_rec.shape[0]
+    carry = d_hT.clone()
+    d_pre = torch.empty_like(act)
+    for t in range(T - 1, -1, -1):
+        h, hp = h_all[t + 1], h_all[t]
+        v, alpha = act[t, :, :D], act[t, :, D:2 * D]
+        s = torch.sigmoid(h)
+        dh = carry + d_out[t] * s * (2 * h + h * h * (1 - s))
+        parts = []
+        if mode == "a":
+            dv, d_alpha, carry = dh * (1 - alpha), dh * (hp - v), dh * alpha
+        elif mode == "d":
+            dv, d_alpha, carry = dh * alpha, dh * v, dh
+        else:
+            beta = act[t, :, 2 * D:]
+            dv, d_alpha, carry = dh * beta, dh * hp, dh * alpha
+            parts = [dh * v * beta * (1 - beta)]
+        d_pre[t] = torch.cat([dv * (1 - v * v), d_alpha * alpha * (1 - alpha)] + parts, 1)
+        carry = carry + d_pre[t, :, :RD] @ w_rec
+    dw_rec = d_pre.reshape(T * B, GD)[:, :RD].t() @ h_all[:T].reshape(T * B, D)
+    return d_pre, carry, dw_rec

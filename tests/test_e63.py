@@ -1,0 +1,160 @@
+"""E63 a/b/c/d on the CPU: level names, each reference against a step written out from its
+formula, the harness's reference checks, the kernels' schedule (families/dense/delta.py's
+emulation: stacked pre-activations, one recurrent GEMM, the carried dh) against autograd of
+the reference, parameter counts and initialisation of the layers, and the CUDA cell's
+errors before any launch."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from elman import registry
+from elman.core.entry import Shape
+from elman.families.dense import delta, inputs
+from elman.harness.parity import reference_checks
+from elman.variants import e63
+
+LEVELS = {"63": "E63", "63a": "E63", "E63a": "E63", "63b": "E63b", "63c": "E63c", "63d": "E63d"}
+NAMES = ("E63", "E63b", "E63c", "E63d")
+MODE = {"E63": "a", "E63b": "b", "E63c": "c", "E63d": "d"}
+
+
+def _inputs(name, T=6, B=3, D=7, seed=0):
+    entry = registry.get(name)
+    kw = inputs.reference_inputs(entry.reference, Shape(T, B, D), "cpu", torch.Generator().manual_seed(seed))
+    return {k: v.detach() for k, v in kw.items()}
+
+
+def _step(mode, k, x, h):
+    """One step written out from VARIANTS.md section 2, E63."""
+    v = torch.tanh(h @ k["w_h"].t() + x @ k["w_x"].t() + k["b"])
+    ga = x @ k["w_a"].t() + k["b_a"]
+    if mode == "c":
+        ga = ga + h @ k["u_a"].t()
+    a = torch.sigmoid(ga)
+    if mode == "a":
+        h = a * h + (1 - a) * v
+    elif mode == "d":
+        h = h + a * v
+    else:
+        gb = x @ k["w_b"].t() + k["b_b"] + (h @ k["u_b"].t() if mode == "c" else 0)
+        h = a * h + torch.sigmoid(gb) * v
+    return h, h * h * torch.sigmoid(h)
+
+
+@pytest.mark.parametrize("level,name", sorted(LEVELS.items()))
+def test_level_names_resolve(level, name):
+    assert registry.get(level).name == name
+    assert registry.get(level.upper()).name == name
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_reference_matches_written_out_steps(name):
+    kw = _inputs(name)
+    out, hT = registry.get(name).reference(**kw)
+    h = kw["h0"]
+    for t in range(kw["x"].shape[0]):
+        h, o = _step(MODE[name], kw, kw["x"][t], h)
+        torch.testing.assert_close(out[t], o, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(hT, h, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_reference_checks_pass(name):
+    table = reference_checks(name)
+    assert "| pass |" in table and "FAIL" not in table
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_kernel_schedule_matches_reference_and_autograd(name):
+    """The op's forward and backward as the kernels schedule them, in fp64, against the
+    reference and autograd through it (the stacked input side as the CUDA cell builds it)."""
+    mode = MODE[name]
+    kw = _inputs(name, T=9, B=4, D=6, seed=3)
+    g3 = delta.CHANNELS[mode] == 3
+    w_in = torch.cat([kw["w_x"], kw["w_a"]] + ([kw["w_b"]] if g3 else []))
+    b_in = torch.cat([kw["b"], kw["b_a"]] + ([kw["b_b"]] if g3 else []))
+    w_rec = torch.cat([kw["w_h"], kw["u_a"], kw["u_b"]]) if mode == "c" else kw["w_h"].clone()
+    T, B, D = kw["x"].shape
+    pre = (kw["x"].reshape(T * B, D) @ w_in.t() + b_in).view(T, B, -1)
+    pre.requires_grad_()
+    w_rec.requires_grad_()
+    h0 = kw["h0"].clone().requires_grad_()
+    out, h_all, act = delta.emulate_forward(mode, pre.detach(), w_rec.detach(), h0.detach())
+    weights = {k: v for k, v in kw.items() if k not in ("x", "h0")}
+    ref_out, ref_h = e63.delta_reference(mode, kw["x"], **weights, h0=kw["h0"])
+    torch.testing.assert_close(out, ref_out, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(h_all[-1], ref_h, rtol=1e-12, atol=1e-12)
+
+    # autograd through the same math on (pre, W_rec, h0)
+    g = torch.Generator().manual_seed(7)
+    d_out = torch.randn(T, B, D, generator=g, dtype=torch.float64)
+    d_hT = torch.randn(B, D, generator=g, dtype=torch.float64)
+    a_out, a_hall, _ = delta.emulate_forward(mode, pre, w_rec, h0)
+    torch.autograd.backward([a_out, a_hall[-1]], [d_out, d_hT])
+    d_pre, dh0, dw_rec = delta.emulate_backward(mode, w_rec.detach(), h_all, act, d_out, d_hT)
+    torch.testing.assert_close(d_pre, pre.grad, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(dh0, h0.grad, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(dw_rec, w_rec.grad, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("dim,expansion", [(16, 1.0), (24, 2.0), (10, 1.5)])
+def test_layer_params_formula(name, dim, expansion):
+    entry = registry.get(name)
+    layer = entry.layer(dim, expansion=expansion, backend="reference")
+    assert entry.layer_params(dim, expansion) == sum(p.numel() for p in layer.parameters())
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_initialisation(name):
+    mode = MODE[name]
+    layer = registry.get(name).layer(32, backend="reference")
+    s = torch.linalg.svdvals(layer.w_h.detach())
+    torch.testing.assert_close(s, torch.full_like(s, e63.W_H_SCALE[mode]), rtol=1e-5, atol=1e-5)
+    assert torch.all(layer.b_a == e63.B_ALPHA[mode]) and torch.all(layer.b == 0)
+    if mode in "bc":
+        assert torch.all(layer.b_b == 0)
+    if mode == "c":
+        for u in (layer.u_a, layer.u_b):
+            s = torch.linalg.svdvals(u.detach())
+            torch.testing.assert_close(s, torch.ones_like(s), rtol=1e-5, atol=1e-5)
+    assert not any("spectral" in n or "u_vec" in n for n, _ in layer.named_buffers())
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_reference_layer_runs_forward_and_backward(name):
+    torch.manual_seed(0)
+    layer = registry.get(name).layer(12, backend="reference")
+    y = torch.randn(2, 5, 12)
+    out, h = layer(y)
+    assert out.shape == (2, 5, 12) and h.shape == (2, 12)
+    out.square().mean().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in layer.parameters())
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_cuda_cell_rejects_bad_input_before_launch(name):
+    kw = {k: v.float() for k, v in _inputs(name, T=3, B=2, D=8).items()}
+    cell = {"E63": e63.cell, "E63b": e63.cell_b, "E63c": e63.cell_c, "E63d": e63.cell_d}[name]
+    with pytest.raises(ValueError, match="persistent"):
+        cell(**kw, backend="cuda", path="persistent")
+    with pytest.raises(ValueError, match="path"):
+        cell(**kw, backend="cuda", path="grid")
+    with pytest.raises((ValueError, RuntimeError), match="CUDA|cuda"):
+        cell(**kw, backend="cuda", path="steps")
+    with pytest.raises(ValueError, match="h0"):
+        cell(**{**kw, "h0": torch.zeros(3, 8)}, backend="cuda")
+    with pytest.raises(TypeError):
+        cell(**{**kw, "w_h": kw["w_h"].double()}, backend="cuda")
+    with pytest.raises(ValueError, match="empty"):
+        cell(**{**kw, "x": kw["x"][:0]}, backend="cuda")
+
+
+def test_op_paths_and_plan():
+    assert delta.paths(4, 1024, torch.bfloat16) == ["graph", "steps"]
+    assert delta.plan("auto") == "graph"
+    with pytest.raises(ValueError, match="persistent"):
+        delta.plan("persistent")
+    with pytest.raises(ValueError, match="mode"):
+        delta.check_mode("e")
