@@ -18,6 +18,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/math.cuh"
 #include "matrix/matrix.h"
@@ -25,6 +26,10 @@
 
 namespace elman {
 namespace matrix {
+
+// bf16 compute takes the step's fast activation (steps.cuh).
+template <typename T>
+constexpr bool kApprox = std::is_same_v<T, __nv_bfloat16>;
 
 template <int G>
 __device__ __forceinline__ float group_sum(float x) {  // over the G lanes of a column
@@ -120,7 +125,7 @@ __global__ void __launch_bounds__(kMatrixThreads, 1) forward_kernel(const Matrix
     float out = 0.f;
 #pragma unroll
     for (int m = 0; m < R; ++m) {
-      s[m] = Step::act(fmaf(in.decay, s[m], in.k(m) * w));
+      s[m] = Step::template act<kApprox<T>>(fmaf(in.decay, s[m], in.k(m) * w));
       out = fmaf(s[m], in.q(m), out);
     }
     out = group_sum<G>(out);
@@ -208,7 +213,7 @@ __global__ void __launch_bounds__(kMatrixThreads, 1) backward_kernel(const Matri
         float* out = scratch + int64_t(t - start + 1) * NV;
 #pragma unroll kUnroll
         for (int m = 0; m < R; ++m) {
-          s(m) = Step::act(fmaf(in.decay, s(m), in.k(m) * w));
+          s(m) = Step::template act<kApprox<T>>(fmaf(in.decay, s(m), in.k(m) * w));
           out[(g + G * m) * V + j] = s(m);
         }
       }

@@ -4,16 +4,25 @@
 // ELMAN_MATRIX_STEPS; the kernels of recurrence.cuh are instantiated for every entry.
 #pragma once
 
+#include "common/math.cuh"
+
 namespace elman {
 
+// act<kApprox>: the kernels pass kApprox = true when they compute for bf16 tensors, whose parity
+// tolerance the approximation's error is far inside; fp32 gets the accurate function.
 struct TanhStep {
-  // tanhf, not tanh.approx: the approximation's 2^-11 relative error would exceed the fp32
-  // parity tolerance after a few hundred steps.
-  static __device__ __forceinline__ float act(float p) { return tanhf(p); }
+  // tanh.approx (one MUFU op) costs a fraction of tanhf's instruction sequence, but its 2^-11
+  // relative error would exceed the fp32 parity tolerance after a few hundred steps.
+  template <bool kApprox>
+  static __device__ __forceinline__ float act(float p) {
+    if constexpr (kApprox) return tanh_approx(p);
+    else return tanhf(p);
+  }
   static __device__ __forceinline__ float grad(float s) { return 1.f - s * s; }
 };
 
 struct LinearStep {
+  template <bool kApprox>
   static __device__ __forceinline__ float act(float p) { return p; }
   static __device__ __forceinline__ float grad(float) { return 1.f; }
 };
