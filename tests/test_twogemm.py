@@ -26,6 +26,7 @@ def emulated(monkeypatch):
         return op.tape_emulated(x, z, w_x, w_h, w_wr, b, h0, tape0)
     monkeypatch.setattr(op, "lowrank_cell", lowrank)
     monkeypatch.setattr(op, "tape_cell", tape)
+    monkeypatch.setattr(op, "paths", lambda *a, **k: ["steps"])
 
 
 @pytest.mark.parametrize("level", LEVELS)
@@ -184,8 +185,8 @@ def test_validation_before_launch():
         op.tape_cell(**big)
     with pytest.raises(ValueError, match="empty"):
         op.tape_cell(**{**kw, "x": kw["x"][:0]})
-    with pytest.raises(ValueError, match="persistent"):
-        op.plan("persistent")
+    with pytest.raises(ValueError, match="path must be one of"):
+        op.plan("fused", 2, 8, torch.float32, rank=2)
     with pytest.raises(TypeError, match="dtype"):
         op.tape_cell(**{**kw, "b": kw["b"].double()})
     lw = {"a": torch.randn(3, 2, 8), "c": torch.randn(3, 2, 8), "u": torch.randn(8, 2),

@@ -105,27 +105,37 @@ def _case(level: str, dtype=torch.float32, T=5, B=2, D=64):
 
 
 @pytest.mark.parametrize("level", LOW_RANK + TAPE)
-def test_graph_matches_steps_and_path_reported(level):
+def test_paths_agree_and_path_reported(level):
+    """graph and steps run the same kernels and GEMMs; the persistent kernels sum in another
+    order (and the low-rank one keeps p in fp32): bf16 rounding apart. E23's backward after a
+    persistent forward is the graph loop."""
     e, cases = _case(level, torch.bfloat16)
-    assert [c.impl for c in cases] == ["cuda:graph", "cuda:steps"]
-    res = []
+    impls = [c.impl for c in cases]
+    assert impls[-2:] == ["cuda:graph", "cuda:steps"]
+    assert "cuda:persistent" in impls
+    res = {}
     for c in cases:
         a = {k: v.detach().to(torch.bfloat16).requires_grad_() for k, v in c.inputs.items()}
         outs = c.fast(**a)
         torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
-        assert op.last_path == {"forward": c.impl[5:], "backward": c.impl[5:]}
-        res.append([*outs, *(a[k].grad for k in a)])
-    for x, y in zip(*res):  # the same kernels and GEMMs, replayed or launched
-        assert rel_error(x, y) < 1e-3
+        backward = "graph" if level in TAPE and c.impl == "cuda:persistent" else c.impl[5:]
+        assert op.last_path == {"forward": c.impl[5:], "backward": backward}
+        res[c.impl] = [*outs, *(a[k].grad for k in a)]
+    for impl, tol in (("cuda:graph", 1e-3), ("cuda:persistent", 3e-2)):
+        for x, y in zip(res.get(impl, []), res["cuda:steps"]):
+            assert rel_error(x, y) < tol, impl
 
 
-def test_persistent_path_raises():
-    e, cases = _case("E4")
+def test_persistent_path_raises_where_not_taken():
+    _, cases = _case("E23", D=4096)
     a = {k: v.detach().float() for k, v in cases[0].inputs.items()}
-    with pytest.raises(ValueError, match="persistent"):
-        registry.get("E4").layer(64, backend="cuda", path="persistent")
+    with pytest.raises(ValueError, match="does not take"):
+        op.tape_cell(**a, path="persistent")
+    _, cases = _case("E4", D=2048)
+    a = {k: v.detach().float() for k, v in cases[0].inputs.items()}
+    a["u"], a["v"] = torch.randn(2048, 1024, device="cuda"), torch.randn(1024, 2048, device="cuda")
     from elman.variants import e4
-    with pytest.raises(ValueError, match="persistent"):
+    with pytest.raises(ValueError, match="does not take"):
         e4.cell(**a, path="persistent")
 
 

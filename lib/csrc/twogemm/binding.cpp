@@ -9,6 +9,8 @@
 
 #include <cstdint>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "common/check.h"
 #include "twogemm/twogemm.h"
@@ -32,6 +34,14 @@ void check_mode(int64_t mode) {
                 num(elman::kLowRankModes - 1));
 }
 
+// The low-rank op's aux input ([T, B, D] or [B, D]): required for the gated modes only.
+void check_aux(const elman::check::Tensors& check, const c10::optional<at::Tensor>& aux,
+               int64_t mode, const std::vector<int64_t>& shape) {
+  if (mode == elman::kTanhGate) return;
+  if (!aux.has_value()) value_error("aux is required for low-rank mode " + num(mode));
+  check(*aux, "aux", shape);
+}
+
 void check_row_size(int64_t B, int64_t D, int64_t N = 1) {
   if (B * N * D >= (int64_t(1) << 31))
     value_error("B * N * D = " + num(B * N * D) + " is too large: the kernels take below 2^31");
@@ -50,10 +60,7 @@ void lowrank_forward(int64_t mode, const at::Tensor& a, const at::Tensor& c, con
   check(h_prev, "h_prev", {B, D});
   check(h_next, "h_next", {B, D});
   check(out, "out", {B, D});
-  if (mode != elman::kTanhGate) {
-    if (!aux.has_value()) value_error("aux is required for low-rank mode " + num(mode));
-    check(*aux, "aux", {B, D});
-  }
+  check_aux(check, aux, mode, {B, D});
   const c10::cuda::CUDAGuard guard(a.device());
   const cudaStream_t s = at::cuda::getCurrentCUDAStream();
   auto run = [&](auto tag) {
@@ -81,10 +88,7 @@ void lowrank_backward(int64_t mode, const at::Tensor& d_out, const at::Tensor& c
   check(d_pre, "d_pre", {B, D});
   check(d_c, "d_c", {B, D});
   check(g_out, "g_out", {B, D});
-  if (mode != elman::kTanhGate) {
-    if (!aux.has_value()) value_error("aux is required for low-rank mode " + num(mode));
-    check(*aux, "aux", {B, D});
-  }
+  check_aux(check, aux, mode, {B, D});
   const c10::cuda::CUDAGuard guard(d_out.device());
   const cudaStream_t s = at::cuda::getCurrentCUDAStream();
   auto run = [&](auto tag) {
@@ -198,6 +202,139 @@ void tape_read_backward(const at::Tensor& m, at::Tensor& dm, const at::Tensor& w
                      "tape read backward stage");
 }
 
+// ---- the low-rank persistent kernels -----------------------------------------------------------
+// c [T, B, D], U [D, r], V [r, D] with r >= 1; returns r.
+int64_t checked_rank(const elman::check::Tensors& check, const at::Tensor& c, const at::Tensor& u,
+                     const at::Tensor& v, int64_t T, int64_t B, int64_t D) {
+  elman::check::leading(u, "U", 2, "[D, r]", {at::kFloat, at::kBFloat16});
+  const int64_t r = u.size(1);
+  check_row_size(B, D);
+  check(c, "c", {T, B, D});
+  check(u, "U", {D, r});
+  check(v, "V", {r, D});
+  return r;
+}
+
+std::tuple<bool, std::string> lowrank_persistent_supported(int64_t B, int64_t D, int64_t r, bool bf16) {
+  if (B < 1 || D < 1 || r < 1) return {false, "B, D and r must be at least 1"};
+  if (B * D >= (int64_t(1) << 31) || r * D >= (int64_t(1) << 31)) return {false, "too large"};
+  const auto plan = elman::lowrank_persistent_plan(int(B), int(D), int(r), bf16);
+  return {plan.ok, std::string(plan.reason)};
+}
+
+elman::LowRankPlan persistent_plan_checked(int64_t B, int64_t D, int64_t r, bool bf16) {
+  const auto plan = elman::lowrank_persistent_plan(int(B), int(D), int(r), bf16);
+  if (!plan.ok)
+    value_error("the persistent kernel does not take B = " + num(B) + ", D = " + num(D) + ", r = " +
+                num(r) + ": " + plan.reason + "; use path='graph' or 'steps'");
+  return plan;
+}
+
+void lowrank_persistent_forward(int64_t mode, const at::Tensor& a, const at::Tensor& c,
+                                const at::Tensor& u, const at::Tensor& v, const at::Tensor& b,
+                                const at::Tensor& h0, at::Tensor& out, at::Tensor& h_all,
+                                at::Tensor& p_all, const c10::optional<at::Tensor>& aux) {
+  check_mode(mode);
+  const auto check = elman::check::leading(a, "a", 3, "[T, B, D]", {at::kFloat, at::kBFloat16});
+  const int64_t T = a.size(0), B = a.size(1), D = a.size(2);
+  const int64_t r = checked_rank(check, c, u, v, T, B, D);
+  check(b, "b", {D});
+  check(h0, "h0", {B, D});
+  check(out, "out", {T, B, D});
+  check(h_all, "h_all", {T + 1, B, D});
+  check(p_all, "p_all", {T, B, r});
+  check_aux(check, aux, mode, {T, B, D});
+  const bool bf16 = a.scalar_type() == at::kBFloat16;
+  const auto plan = persistent_plan_checked(B, D, r, bf16);
+  const c10::cuda::CUDAGuard guard(a.device());
+  elman::LowRankPersistent args = {};
+  args.mode = int(mode); args.steps = int(T); args.batch = int(B); args.dim = int(D); args.rank = int(r);
+  args.a = a.data_ptr(); args.c = c.data_ptr(); args.u = u.data_ptr(); args.v = v.data_ptr();
+  args.b = b.data_ptr(); args.h0 = h0.data_ptr(); args.out = out.data_ptr();
+  args.h_all = h_all.data_ptr(); args.p_all = p_all.data_ptr();
+  args.aux = mode != elman::kTanhGate ? aux->data_ptr() : nullptr;
+  args.stream = at::cuda::getCurrentCUDAStream();
+  elman::check::cuda(bf16 ? elman::lowrank_persistent_forward<__nv_bfloat16>(plan, args)
+                          : elman::lowrank_persistent_forward<float>(plan, args),
+                     "low-rank persistent forward");
+}
+
+void lowrank_persistent_backward(int64_t mode, const at::Tensor& c, const at::Tensor& u,
+                                 const at::Tensor& v, const at::Tensor& h_all,
+                                 const c10::optional<at::Tensor>& aux, const at::Tensor& d_out,
+                                 const at::Tensor& d_hT, at::Tensor& d_pre, at::Tensor& d_c,
+                                 at::Tensor& dp_all, at::Tensor& dh0) {
+  check_mode(mode);
+  const auto check = elman::check::leading(d_out, "d_out", 3, "[T, B, D]", {at::kFloat, at::kBFloat16});
+  const int64_t T = d_out.size(0), B = d_out.size(1), D = d_out.size(2);
+  const int64_t r = checked_rank(check, c, u, v, T, B, D);
+  check(h_all, "h_all", {T + 1, B, D});
+  check(d_hT, "d_hT", {B, D});
+  check(d_pre, "d_pre", {T, B, D});
+  check(d_c, "d_c", {T, B, D});
+  check(dp_all, "dp_all", {T, B, r});
+  check(dh0, "dh0", {B, D});
+  check_aux(check, aux, mode, {T, B, D});
+  const bool bf16 = d_out.scalar_type() == at::kBFloat16;
+  const auto plan = persistent_plan_checked(B, D, r, bf16);
+  const c10::cuda::CUDAGuard guard(d_out.device());
+  elman::LowRankPersistent args = {};
+  args.mode = int(mode); args.steps = int(T); args.batch = int(B); args.dim = int(D); args.rank = int(r);
+  args.c = c.data_ptr(); args.u = u.data_ptr(); args.v = v.data_ptr();
+  args.h_all = h_all.data_ptr();
+  args.aux = mode != elman::kTanhGate ? aux->data_ptr() : nullptr;
+  args.d_out = d_out.data_ptr(); args.d_hT = d_hT.data_ptr(); args.d_pre = d_pre.data_ptr();
+  args.d_c = d_c.data_ptr(); args.dp_all = dp_all.data_ptr(); args.dh0 = dh0.data_ptr();
+  args.stream = at::cuda::getCurrentCUDAStream();
+  elman::check::cuda(bf16 ? elman::lowrank_persistent_backward<__nv_bfloat16>(plan, args)
+                          : elman::lowrank_persistent_backward<float>(plan, args),
+                     "low-rank persistent backward");
+}
+
+// ---- E23's persistent forward ---------------------------------------------------------------
+std::tuple<bool, std::string> tape_persistent_supported(int64_t B, int64_t D, int64_t N, bool bf16) {
+  if (B < 1 || D < 1 || N < 1) return {false, "B, D and N must be at least 1"};
+  if (B * N * D >= (int64_t(1) << 31)) return {false, "too large"};
+  const auto plan = elman::tape_persistent_plan(int(B), int(D), int(N), bf16);
+  return {plan.ok, std::string(plan.reason)};
+}
+
+void tape_persistent_forward(const at::Tensor& wx, const at::Tensor& z, const at::Tensor& w_h,
+                             const at::Tensor& w_wr, const at::Tensor& b, const at::Tensor& h0,
+                             const at::Tensor& tape0, at::Tensor& out, at::Tensor& w_all,
+                             at::Tensor& tape_T, at::Tensor& ckpt, int64_t interval) {
+  const auto check = elman::check::leading(wx, "wx", 3, "[T, B, D]", {at::kFloat, at::kBFloat16});
+  const int64_t T = wx.size(0), B = wx.size(1), D = wx.size(2);
+  const auto t = tape_sizes(tape0, "tape0");
+  const int64_t N = t.N;
+  if (interval < 1) value_error("the checkpoint interval must be at least 1, got " + num(interval));
+  check(z, "z", {T, B, D});
+  check(w_h, "W_h", {D, D});
+  check(w_wr, "W_wr", {D, D});
+  check(b, "b", {D});
+  check(h0, "h0", {B, D});
+  check(tape0, "tape0", {B, N, D});
+  check(out, "out", {T, B, D});
+  check(w_all, "w_all", {T + 1, B, D});
+  check(tape_T, "tape_T", {B, N, D});
+  check(ckpt, "ckpt", {(T + interval - 1) / interval, B, N, D});
+  const bool bf16 = wx.scalar_type() == at::kBFloat16;
+  const auto plan = elman::tape_persistent_plan(int(B), int(D), int(N), bf16);
+  if (!plan.ok)
+    value_error("the persistent kernel does not take B = " + num(B) + ", D = " + num(D) + ", N = " +
+                num(N) + ": " + plan.reason + "; use path='graph' or 'steps'");
+  const c10::cuda::CUDAGuard guard(wx.device());
+  elman::TapePersistent a = {};
+  a.steps = int(T); a.batch = int(B); a.dim = int(D); a.slots = int(N); a.interval = int(interval);
+  a.wx = wx.data_ptr(); a.z = z.data_ptr(); a.w_h = w_h.data_ptr(); a.w_wr = w_wr.data_ptr();
+  a.b = b.data_ptr(); a.h0 = h0.data_ptr(); a.tape0 = tape0.data_ptr(); a.out = out.data_ptr();
+  a.w_all = w_all.data_ptr(); a.tape_T = tape_T.data_ptr(); a.ckpt = ckpt.data_ptr();
+  a.stream = at::cuda::getCurrentCUDAStream();
+  elman::check::cuda(bf16 ? elman::tape_persistent_forward<__nv_bfloat16>(plan, a)
+                          : elman::tape_persistent_forward<float>(plan, a),
+                     "tape persistent forward");
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -213,5 +350,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("tape_write", &tape_write);
   m.def("tape_write_backward", &tape_write_backward);
   m.def("tape_read_backward", &tape_read_backward);
+  m.def("lowrank_persistent_supported", &lowrank_persistent_supported);
+  m.def("lowrank_persistent_forward", &lowrank_persistent_forward);
+  m.def("lowrank_persistent_backward", &lowrank_persistent_backward);
+  m.def("tape_persistent_supported", &tape_persistent_supported);
+  m.def("tape_persistent_forward", &tape_persistent_forward);
   m.attr("max_slots") = elman::kMaxSlots;
 }

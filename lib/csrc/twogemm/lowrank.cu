@@ -3,19 +3,13 @@
 #include <cuda_bf16.h>
 
 #include "common/math.cuh"
+#include "twogemm/stage.cuh"
 #include "twogemm/twogemm.h"
 
 namespace elman {
 namespace {
 
 constexpr int kThreads = 256;
-
-__device__ __forceinline__ float silu(float x) { return x / (1.f + expf(-x)); }
-__device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
-__device__ __forceinline__ float silu_grad(float x) {
-  const float s = sigmoid(x);
-  return s * (1.f + x * (1.f - s));
-}
 
 template <typename T>
 __global__ void lowrank_forward_kernel(int mode, int n, int dim, const T* __restrict__ a,
@@ -25,25 +19,11 @@ __global__ void lowrank_forward_kernel(int mode, int n, int dim, const T* __rest
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const float pre = to_float(a[i]) + to_float(q[i]) + to_float(b[i % dim]);
-  const float cc = to_float(c[i]);
-  float h;
-  if (mode == kTanhGate) {
-    h = tanhf(pre);
-    out[i] = from_float<T>(h * silu(cc));
-  } else {
-    const float hp = to_float(h_prev[i]);
-    if (mode == kGatedTanh) {
-      const float v = tanhf(pre), alpha = sigmoid(cc);
-      h = alpha * hp + (1.f - alpha) * v;
-      aux[i] = from_float<T>(v);
-    } else {
-      const float alpha = sigmoid(pre);
-      h = alpha * hp + (1.f - alpha) * cc;
-      aux[i] = from_float<T>(alpha);
-    }
-    out[i] = from_float<T>(h * silu(h));
-  }
-  h_next[i] = from_float<T>(h);
+  const float hp = mode == kTanhGate ? 0.f : to_float(h_prev[i]);
+  const StageOut s = lowrank_stage(mode, pre, to_float(c[i]), hp);
+  h_next[i] = from_float<T>(s.h);
+  out[i] = from_float<T>(s.out);
+  if (mode != kTanhGate) aux[i] = from_float<T>(s.aux);
 }
 
 template <typename T>
@@ -54,33 +34,13 @@ __global__ void lowrank_backward_kernel(int mode, int n, const T* __restrict__ d
                                         T* g_out) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  const float dout = to_float(d_out[i]), hh = to_float(h[i]), gi = to_float(g[i]);
-  float dp, dc, direct = 0.f;
-  if (mode == kTanhGate) {
-    const float cc = to_float(c[i]);
-    const float dh = gi + dout * silu(cc);
-    dp = dh * (1.f - hh * hh);
-    dc = dout * hh * silu_grad(cc);
-  } else {
-    const float dh = gi + dout * (silu(hh) + hh * silu_grad(hh));  // d(h silu h)/dh
-    const float hp = to_float(h_prev[i]);
-    float alpha;
-    if (mode == kGatedTanh) {
-      const float v = to_float(aux[i]);
-      alpha = sigmoid(to_float(c[i]));
-      dp = dh * (1.f - alpha) * (1.f - v * v);
-      dc = dh * (hp - v) * alpha * (1.f - alpha);
-    } else {
-      const float cc = to_float(c[i]);
-      alpha = to_float(aux[i]);
-      dp = dh * (hp - cc) * alpha * (1.f - alpha);
-      dc = dh * (1.f - alpha);
-    }
-    direct = dh * alpha;
-  }
-  d_pre[i] = from_float<T>(dp);
-  d_c[i] = from_float<T>(dc);
-  g_out[i] = from_float<T>(direct);
+  const bool gated = mode != kTanhGate;
+  const StageGrad s = lowrank_stage_grad(mode, to_float(d_out[i]), to_float(c[i]),
+                                         gated ? to_float(h_prev[i]) : 0.f, to_float(h[i]),
+                                         gated ? to_float(aux[i]) : 0.f, to_float(g[i]));
+  d_pre[i] = from_float<T>(s.d_pre);
+  d_c[i] = from_float<T>(s.d_c);
+  g_out[i] = from_float<T>(s.direct);
 }
 
 int blocks(int n) { return (n + kThreads - 1) / kThreads; }

@@ -5,46 +5,16 @@
 // update the tape in place. Math: stages.py.
 #include <cuda_bf16.h>
 
-#include <cmath>
-
 #include "common/math.cuh"
+#include "twogemm/stage.cuh"
 #include "twogemm/twogemm.h"
+#include "twogemm/warp.cuh"
 
 namespace elman {
 namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-
-__device__ __forceinline__ float silu(float x) { return x / (1.f + expf(-x)); }
-__device__ __forceinline__ float silu_grad(float x) {
-  const float s = 1.f / (1.f + expf(-x));
-  return s * (1.f + x * (1.f - s));
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-
-// In warp 0: p[0..n) <- softmax(p[0..n)).
-__device__ void softmax_warp(float* p, int n, int lane) {
-  float mx = -INFINITY;
-  for (int k = lane; k < n; k += 32) mx = fmaxf(mx, p[k]);
-  mx = warp_max(mx);
-  float sum = 0.f;
-  for (int k = lane; k < n; k += 32) {
-    const float e = expf(p[k] - mx);
-    p[k] = e;
-    sum += e;
-  }
-  const float inv = 1.f / warp_sum(sum);
-  for (int k = lane; k < n; k += 32) p[k] *= inv;
-}
 
 // In warp 0: q[k] <- p[k] (q[k] - sum_j p[j] q[j]) (the softmax's backward).
 __device__ void softmax_grad_warp(const float* p, float* q, int n, int lane) {
@@ -79,7 +49,7 @@ __global__ void __launch_bounds__(kThreads) tape_read_kernel(
     for (int k = 0; k < slots; ++k) r += p[k] * to_float(mr[size_t(k) * dim + d]);
     const float w = tanhf(to_float(hw[base + d]) + to_float(wx[base + d]) + r + to_float(b[d]));
     w_out[base + d] = from_float<T>(w);
-    out[base + d] = from_float<T>(w * silu(to_float(z[base + d])));
+    out[base + d] = from_float<T>(w * silu_f(to_float(z[base + d])));
   }
 }
 
@@ -158,8 +128,8 @@ __global__ void __launch_bounds__(kThreads) tape_write_backward_kernel(
       dmr[i] = (1.f - beta[k]) * old + scale * de[k] * wd;
     }
     const float zd = to_float(z[base + d]), dout = to_float(d_out[base + d]);
-    gw[base + d] = from_float<T>(to_float(g[base + d]) + dout * silu(zd) + scale * acc_m);
-    dz[base + d] = from_float<T>(dout * wd * silu_grad(zd));
+    gw[base + d] = from_float<T>(to_float(g[base + d]) + dout * silu_f(zd) + scale * acc_m);
+    dz[base + d] = from_float<T>(dout * wd * silu_grad_f(zd));
     du[base + d] = from_float<T>(acc_u);
   }
 }

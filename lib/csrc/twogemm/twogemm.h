@@ -54,3 +54,79 @@ cudaError_t tape_read_backward(int batch, int slots, int dim, const T* m, float*
                                cudaStream_t stream);
 
 }  // namespace elman
+
+namespace elman {
+
+// ---- the low-rank persistent kernels: one launch runs the whole sequence -----------------
+// A cluster of C CTAs (8 or 16) owns kPersistentColumns batch columns; CTA c owns the state
+// rows [c S, c S + S), S = ceil(D / C), with its slices of U and V in shared memory. Per step
+// the CTAs exchange only r-wide partial sums (persistent.cu).
+constexpr int kPersistentColumns = 8;
+
+struct LowRankPersistent {
+  int mode, steps, batch, dim, rank;
+  const void* a;        // [T][B][D]
+  const void* c;        // [T][B][D]
+  const void* u;        // U [D][r]
+  const void* v;        // V [r][D]
+  const void* b;        // [D]
+  const void* h0;       // [B][D]
+  void* out;            // forward: [T][B][D]
+  void* h_all;          // [T+1][B][D]: written forward, read backward
+  void* p_all;          // forward: V h_{t-1} [T][B][r]
+  void* aux;            // [T][B][D] (modes 1, 2): written forward, read backward
+  const void* d_out;    // backward: [T][B][D]
+  const void* d_hT;     // backward: [B][D]
+  void* d_pre;          // backward: [T][B][D]
+  void* d_c;            // backward: [T][B][D]
+  void* dp_all;         // backward: d_pre U [T][B][r]
+  void* dh0;            // backward: [B][D]
+  cudaStream_t stream;
+};
+
+struct LowRankPlan {
+  bool ok = false;
+  int cluster = 0, clusters = 0, smem = 0;
+  const char* reason = "";
+};
+
+// Whether (and how) the persistent kernels take this size: both directions must fit.
+LowRankPlan lowrank_persistent_plan(int batch, int dim, int rank, bool bf16);
+
+template <typename T>
+cudaError_t lowrank_persistent_forward(const LowRankPlan& plan, const LowRankPersistent& a);
+template <typename T>
+cudaError_t lowrank_persistent_backward(const LowRankPlan& plan, const LowRankPersistent& a);
+
+}  // namespace elman
+
+namespace elman {
+
+// ---- E23's persistent forward: one launch runs the whole sequence ---------------------------
+// A cluster of C CTAs (16 or 8) owns kTapeColumns batch columns; CTA c owns the state rows
+// I_c (S = ceil(D / C) of them): its rows of W_h and W_wr and its columns of the tape stay in
+// shared memory (tape_persistent.cu).
+constexpr int kTapeColumns = 4;
+
+struct TapePersistent {
+  int steps, batch, dim, slots, interval;  // interval: K, a tape checkpoint every K steps
+  const void* wx;      // W_x x [T][B][D]
+  const void* z;       // [T][B][D]
+  const void* w_h;     // [D][D]
+  const void* w_wr;    // [D][D]
+  const void* b;       // [D]
+  const void* h0;      // [B][D]
+  const void* tape0;   // [B][N][D]
+  void* out;           // [T][B][D]
+  void* w_all;         // [T+1][B][D]
+  void* tape_T;        // [B][N][D]
+  void* ckpt;          // [ceil(T/K)][B][N][D]: the tape before steps 0, K, 2K, ...
+  cudaStream_t stream;
+};
+
+LowRankPlan tape_persistent_plan(int batch, int dim, int slots, bool bf16);
+
+template <typename T>
+cudaError_t tape_persistent_forward(const LowRankPlan& plan, const TapePersistent& a);
+
+}  // namespace elman

@@ -18,9 +18,12 @@ import torch
 from ...core.entry import Entry, ParityCase, Shape, Tolerance, shapes
 from . import op
 
-# (T, B, D): B = 1 and T = 1, odd T and B, D not a multiple of 32, T = 33 (not a multiple of
-# the tape's checkpoint interval ceil(sqrt(33)) = 6), and the benchmark's D = 512.
-TEST_SHAPES = shapes((1, 1, 32), (7, 3, 100), (33, 2, 48), (64, 4, 256), (17, 5, 512), (5, 8, 1024))
+# (T, B, D): B = 1 and T = 1, odd T and B, D not a multiple of 32 (nor of the persistent
+# kernel's 8 or 16 CTAs), T = 33 (not a multiple of the tape's checkpoint interval
+# ceil(sqrt(33)) = 6), B = 20 (three 8-column clusters, the last one partly filled), the
+# benchmark's D = 512 and a D = 2048 whose factors may not fit a cluster (the graph path).
+TEST_SHAPES = shapes((1, 1, 32), (7, 3, 100), (33, 2, 48), (64, 4, 256), (17, 5, 512),
+                     (5, 20, 1024), (3, 2, 2048))
 
 
 def tape_shapes(N: int) -> tuple[Shape, ...]:
@@ -91,10 +94,14 @@ def parity_cases(reference: Callable, cell: Callable, shape: Shape, dtype: torch
                  generator, rank: Callable[[int], int] = default_rank) -> list[ParityCase]:
     """A two-GEMM variant's parity cases: its `cell` (backend="cuda") on each path against
     its `reference`, on the same fresh inputs; every output named (E23 adds the tape)."""
-    kw = reference_inputs(reference, shape, device, generator, rank(shape.D))
-    outputs = ("out", "h_T", "tape_T") if "tape0" in kw else ("out", "h_T")
+    r = rank(shape.D)
+    kw = reference_inputs(reference, shape, device, generator, r)
+    tape = "tape0" in kw
+    outputs = ("out", "h_T", "tape_T") if tape else ("out", "h_T")
     return [ParityCase(kw, lambda p=p, **a: cell(**a, backend="cuda", path=p), reference,
-                       outputs, "cuda:" + p) for p in op.paths()]
+                       outputs, "cuda:" + p)
+            for p in op.paths(shape.B, shape.D, dtype, None if tape else r,
+                              kw["tape0"].shape[1] if tape else None)]
 
 
 def entry(*, reference: Callable, cell: Callable, rank: Callable[[int], int] = default_rank,

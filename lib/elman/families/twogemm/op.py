@@ -14,11 +14,17 @@ Two cells, time-major `[T, B, D]`:
   memory is (T/K + K) tapes, not the T + 1 of the whole history.
 
 GEMMs are torch/cuBLAS (`torch.mm` into preallocated buffers); the fused stages are the
-kernels of lib/csrc/twogemm. Paths: `steps` (the loop launched from the stream), `graph`
-(the same loop captured once per shape in a CUDA graph and replayed on static buffers) and
-`auto` (`graph`, or `steps` while the stream is itself being captured). This family has no
-persistent kernel: `path="persistent"` raises. `last_path` says what ran. Every input goes
-through elman.core.validate before the extension is loaded.
+kernels of lib/csrc/twogemm. Paths: `persistent` (low-rank only: one launch runs the whole
+sequence, a thread-block cluster whose CTAs own slices of the state and exchange only the
+r-wide partial sums of V h and of d_pre U; lib/csrc/twogemm/persistent.cu), `steps` (the
+loop launched from the stream), `graph` (the same loop captured once per shape in a CUDA
+graph and replayed on static buffers) and `auto` (the persistent kernel where it takes the
+size, else `graph`, or `steps` while the stream is itself being captured). E23's persistent
+kernel is a forward (lib/csrc/twogemm/tape_persistent.cu: W_h, W_wr and the tape's columns
+on chip, the N-wide scores and the D-wide w exchanged); its backward is the per-step loop on
+the checkpoints the persistent forward writes. `path="persistent"` raises where the kernel
+does not take the size. `last_path` says what ran. Every input goes through
+elman.core.validate before the extension is loaded.
 """
 from __future__ import annotations
 
@@ -33,7 +39,7 @@ from ...core import validate
 from . import stages as torch_stages
 from .stages import MODES
 
-PATHS = ("auto", "graph", "steps")
+PATHS = ("auto", "persistent", "graph", "steps")
 DTYPES = (torch.float32, torch.bfloat16)
 MAX_SLOTS = 256  # the tape kernels keep one score per slot in shared memory
 GRAPH_CACHE_SIZE = 8
@@ -53,24 +59,38 @@ def cuda_stages() -> SimpleNamespace:
         tape_write_backward=ext.tape_write_backward, tape_read_backward=ext.tape_read_backward)
 
 
-def plan(path: str = "auto") -> str:
-    """Which implementation runs: 'graph' or 'steps'."""
-    if path == "persistent":
-        raise ValueError("the two-GEMM family has no persistent kernel yet: it does not take "
-                         "path='persistent'; use 'graph' or 'steps'")
+def plan(path: str, B: int, D: int, dtype: torch.dtype, rank: int | None = None,
+         slots: int | None = None) -> str:
+    """Which implementation runs: 'persistent', 'graph' or 'steps', for the low-rank cell of
+    rank `rank` or the tape cell of `slots` slots."""
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+    validate.nonempty("(B, D)", (B, D), "B and D")
+    bf16 = dtype == torch.bfloat16
+    if rank is not None:
+        ok, why = _ext().lowrank_persistent_supported(B, D, rank, bf16)
+        size = f"r={rank}"
+    elif slots is not None:
+        ok, why = _ext().tape_persistent_supported(B, D, slots, bf16)
+        size = f"N={slots}"
+    else:
+        raise ValueError("plan needs the low-rank cell's rank or the tape cell's slot count")
+    if path == "persistent" and not ok:
+        raise ValueError(f"the persistent kernel does not take B={B}, D={D}, {size}, {dtype}: "
+                         f"{why}; use path='graph' or 'steps'")
     capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
     if path == "graph" and capturing:
         raise ValueError("path='graph' cannot run while the stream is being captured; use 'steps'")
     if path != "auto":
         return path
-    return "steps" if capturing else "graph"
+    return "persistent" if ok else ("steps" if capturing else "graph")
 
 
-def paths() -> list[str]:
-    """Every implementation (the parity suite checks each)."""
-    return ["graph", "steps"]
+def paths(B: int, D: int, dtype: torch.dtype, rank: int | None = None,
+          slots: int | None = None) -> list[str]:
+    """Every implementation that runs this size (the parity suite checks each)."""
+    persistent = plan("auto", B, D, dtype, rank, slots) == "persistent"
+    return (["persistent"] if persistent else []) + ["graph", "steps"]
 
 
 def checkpoint_interval(T: int) -> int:
@@ -168,7 +188,10 @@ class LowRankCell(torch.autograd.Function):
 
         def loop(**kw):
             lowrank_forward_loop(st, mode, **{"aux": None, **kw})
-        _run(path, "lowrank_forward", mode, loop, args, outs)
+        if path == "persistent":
+            _ext().lowrank_persistent_forward(mode, a, c, u, v, b, h0, out, h_all, p_all, aux)
+        else:
+            _run(path, "lowrank_forward", mode, loop, args, outs)
         ctx.save_for_backward(c, u, v, h_all, p_all, aux)
         ctx.st, ctx.mode, ctx.path = st, mode, path
         last_path["forward"] = path
@@ -185,10 +208,14 @@ class LowRankCell(torch.autograd.Function):
         dp_all, dh0 = ops.empty((T, B, r), c), ops.empty((B, D), c)
         path = "steps" if ctx.path == "graph" and torch.cuda.is_current_stream_capturing() else ctx.path
         mode, st = ctx.mode, ctx.st
-        _run(path, "lowrank_backward", mode,
-             lambda **kw: lowrank_backward_loop(st, mode, **kw),
-             dict(c=c, u=u, v=v, h_all=h_all, aux=aux, d_out=d_out, d_hT=d_hT),
-             dict(d_pre=d_pre, d_c=d_c, dp_all=dp_all, dh0=dh0))
+        if path == "persistent":
+            _ext().lowrank_persistent_backward(mode, c, u, v, h_all, aux, d_out, d_hT, d_pre, d_c,
+                                               dp_all, dh0)
+        else:
+            _run(path, "lowrank_backward", mode,
+                 lambda **kw: lowrank_backward_loop(st, mode, **kw),
+                 dict(c=c, u=u, v=v, h_all=h_all, aux=aux, d_out=d_out, d_hT=d_hT),
+                 dict(d_pre=d_pre, d_c=d_c, dp_all=dp_all, dh0=dh0))
         last_path["backward"] = path
         dpre2 = d_pre.view(T * B, D)
         du = dpre2.t() @ p_all.view(T * B, r)
@@ -201,7 +228,7 @@ def validate_lowrank(mode: str, a, c, u, v, b, h0, path: str) -> None:
     """Everything about a low-rank call that needs no GPU (clear errors first)."""
     if mode not in MODES:
         raise ValueError(f"unknown low-rank mode {mode!r}; one of {sorted(MODES)}")
-    if path not in PATHS and path != "persistent":
+    if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
     T, B, D = validate.sequence("a", a)
     validate.sequence("U", u, "[D, r]")
@@ -219,7 +246,8 @@ def lowrank_cell(mode: str, a: torch.Tensor, c: torch.Tensor, u: torch.Tensor, v
     """The low-rank cell on the GPU: returns (out [T, B, D], h_T [B, D]), differentiable in
     a, c, U [D, r], V [r, D], b and h0. Inputs are validated before the extension loads."""
     validate_lowrank(mode, a, c, u, v, b, h0, path)
-    chosen = plan(path)
+    T, B, D = a.shape
+    chosen = plan(path, B, D, a.dtype, u.shape[1])
     if h0 is None:
         h0 = a.new_zeros(a.shape[1:])
     return LowRankCell.apply(cuda_stages(), MODES[mode], chosen, a, c, u, v, b, h0)
@@ -290,9 +318,12 @@ class TapeCell(torch.autograd.Function):
         out, w_all = ops.empty((T, B, D), x), ops.empty((T + 1, B, D), x)
         tape_T = ops.empty((B, N, D), x)
         ckpt = ops.empty(((T + K - 1) // K, B, N, D), x)
-        _run(path, "tape_forward", K, lambda **kw: tape_forward_loop(st, K, **kw),
-             dict(wx=wx, z=z, w_h=w_h, w_wr=w_wr, b=b, h0=h0, tape0=tape0),
-             dict(out=out, w_all=w_all, tape_T=tape_T, ckpt=ckpt))
+        if path == "persistent":
+            _ext().tape_persistent_forward(wx, z, w_h, w_wr, b, h0, tape0, out, w_all, tape_T, ckpt, K)
+        else:
+            _run(path, "tape_forward", K, lambda **kw: tape_forward_loop(st, K, **kw),
+                 dict(wx=wx, z=z, w_h=w_h, w_wr=w_wr, b=b, h0=h0, tape0=tape0),
+                 dict(out=out, w_all=w_all, tape_T=tape_T, ckpt=ckpt))
         ctx.save_for_backward(x, z, w_x, w_h, w_wr, w_all, ckpt)
         ctx.st, ctx.path, ctx.K = st, path, K
         last_path["forward"] = path
@@ -311,7 +342,9 @@ class TapeCell(torch.autograd.Function):
         d_pre, d_u, d_z = (ops.empty((T, B, D), x) for _ in range(3))
         dh0 = ops.empty((B, D), x)
         d_tape0 = ops.empty(tuple(ckpt.shape[1:]), x, sd)
-        path = "steps" if ctx.path == "graph" and torch.cuda.is_current_stream_capturing() else ctx.path
+        # the tape's backward is the per-step loop on every path (after a persistent forward too)
+        path = "steps" if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing() \
+            else ("graph" if ctx.path == "persistent" else ctx.path)
         st, K = ctx.st, ctx.K
         _run(path, "tape_backward", K, lambda **kw: tape_backward_loop(st, K, **kw),
              dict(z=z, w_h=w_h, w_wr=w_wr, w_all=w_all, ckpt=ckpt, d_out=d_out, d_hT=d_hT,
@@ -330,7 +363,7 @@ class TapeCell(torch.autograd.Function):
 def validate_tape(x, z, w_x, w_h, w_wr, b, h0, tape0, path: str) -> None:
     """Everything about a tape call that needs no GPU (clear errors first): shapes, the slot
     count the kernels take (1 <= N <= MAX_SLOTS), dtypes, devices."""
-    if path not in PATHS and path != "persistent":
+    if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
     T, B, D = validate.sequence("x", x)
     validate.sequence("tape0", tape0, "[B, N, D]")
@@ -351,7 +384,8 @@ def tape_cell(x, z, w_x, w_h, w_wr, b, h0, tape0, path: str = "auto"):
     """E23's cell on the GPU: returns (out [T, B, D], w_T [B, D], tape_T [B, N, D]),
     differentiable in every input. h0 and tape0 are required (the layer passes zeros)."""
     validate_tape(x, z, w_x, w_h, w_wr, b, h0, tape0, path)
-    chosen = plan(path)
+    T, B, D = x.shape
+    chosen = plan(path, B, D, x.dtype, slots=tape0.shape[1])
     return TapeCell.apply(cuda_stages(), chosen, x, z, w_x, w_h, w_wr, b, h0, tape0)
 
 

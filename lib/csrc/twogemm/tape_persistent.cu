@@ -1,0 +1,225 @@
+// E23's persistent forward: one launch runs the whole sequence.
+//
+// A cluster of C CTAs owns kTapeColumns batch columns; CTA c owns the state rows I_c = [c S,
+// c S + S), S = ceil(D / C). In shared memory for the whole sequence: its rows of W_h and of
+// W_wr (transposed, so that threads of consecutive rows read consecutive addresses), its
+// columns M[:, I_c] of each tape, and the whole working memory w (D values per column). A
+// step, with s = 1 / sqrt(D):
+//   A. cluster barrier: the peers' partial read scores sum_{i in I_c} M[n, i] w_{t-1}[i] are
+//      in place; each CTA sums them in rank order and takes the softmax (alpha_t);
+//   B. for its rows: W_h w_{t-1} + W_x x_t + M^T alpha_t + b, tanh: w_t[I_c], the output;
+//      then its partial write scores sum_{i in I_c} M[n, i] w_t[i] (the old tape);
+//   C. cluster barrier: every CTA gathers w_t from the peers' slices and sums the write
+//      scores (beta_t);
+//   D. for its rows: u = W_wr w_t, M[n, i] <- (1 - beta_n) M[n, i] + beta_n u_i; then the
+//      partial read scores of the next step from the new tape and w_t.
+// Exchanged: N scores twice and the D-wide w once per step. Each exchange buffer is written
+// only after the barrier that follows every peer's read of it (the read-score buffer is read
+// in A and rewritten in D, after barrier C; the w and write-score buffer is read in C and
+// rewritten in B of the next step, after barrier A), and a last barrier keeps every CTA
+// alive while peers may still read its shared memory. State and tape are rounded to the
+// storage dtype every step, as the per-step path stores them; the tape is written to the
+// checkpoints every K steps, from which the backward recomputes the tapes it needs.
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+
+#include <cmath>
+
+#include "common/cluster.cuh"
+#include "common/math.cuh"
+#include "twogemm/stage.cuh"
+#include "twogemm/twogemm.h"
+#include "twogemm/warp.cuh"
+
+namespace elman {
+namespace {
+
+namespace cg = cooperative_groups;
+
+constexpr int kThreads = 256;
+constexpr int kBC = kTapeColumns;
+constexpr int kSmemBudget = 200 * 1024;
+
+int tape_smem(int dim, int slots, int cluster, int elem) {
+  const int s = (dim + cluster - 1) / cluster;
+  return 4 * kBC * (4 * slots + 2 * s + dim + slots * s) + 2 * dim * s * elem;
+}
+
+// Warp j < nb: prob[j][n] = softmax_n(scale * sum over ranks of part[j][n]) (peers' buffers).
+__device__ void softmax_of_partials(const cg::cluster_group& cluster, int C, int nb, int slots,
+                                    float scale, float* part, float* prob) {
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  if (warp >= nb) return;
+  float* pr = prob + warp * slots;
+  for (int n = lane; n < slots; n += 32) {
+    float sum = 0.f;
+    for (int cc = 0; cc < C; ++cc) sum += cluster.map_shared_rank(part, cc)[warp * slots + n];
+    pr[n] = scale * sum;
+  }
+  softmax_warp(pr, slots, lane);
+}
+
+// dst[j][n] = sum_{i < rows} tape[j][n][i] w[j * stride + i] (zero for columns j >= nb).
+__device__ __forceinline__ void partial_scores(float* dst, const float* tape, const float* w,
+                                               int stride, int nb, int slots, int S, int rows) {
+  for (int o = threadIdx.x; o < kBC * slots; o += kThreads) {
+    const int j = o / slots;
+    float acc = 0.f;
+    if (j < nb)
+      for (int i = 0; i < rows; ++i) acc += tape[o * S + i] * w[j * stride + i];
+    dst[o] = acc;
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) tape_persistent_kernel(TapePersistent a) {
+  cg::cluster_group cluster = cg::this_cluster();
+  const int D = a.dim, B = a.batch, N = a.slots;
+  const int C = int(cluster.num_blocks()), rank_c = int(cluster.block_rank());
+  const int S = (D + C - 1) / C, row0 = rank_c * S, rows = max(0, min(S, D - row0));
+  const int col0 = int(blockIdx.x) / C * kBC, nb = max(0, min(kBC, B - col0));
+  const float scale = 1.f / sqrtf(float(D));
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* xa = reinterpret_cast<float*>(smem);  // [kBC][N] partial read scores (exchanged)
+  float* xw = xa + kBC * N;                    // [kBC][S] w_t on I_c (exchanged)
+  float* xb = xw + kBC * S;                    // [kBC][N] partial write scores (exchanged)
+  float* alpha = xb + kBC * N;                 // [kBC][N]
+  float* beta = alpha + kBC * N;               // [kBC][N]
+  float* wfull = beta + kBC * N;               // [kBC][D] the whole working memory
+  float* myw = wfull + kBC * D;                // [kBC][S] w_t on I_c (local)
+  float* tape = myw + kBC * S;                 // [kBC][N][S] M[:, I_c]
+  T* whT = reinterpret_cast<T*>(tape + kBC * N * S);  // [D][S]: W_h[I_c, :] transposed
+  T* wwrT = whT + D * S;                              // [D][S]: W_wr[I_c, :] transposed
+  const T* w_h = static_cast<const T*>(a.w_h);
+  const T* w_wr = static_cast<const T*>(a.w_wr);
+  for (int o = threadIdx.x; o < D * S; o += kThreads) {
+    const int k = o / S, i = o % S;
+    const bool in = i < rows;
+    whT[o] = in ? w_h[size_t(row0 + i) * D + k] : from_float<T>(0.f);
+    wwrT[o] = in ? w_wr[size_t(row0 + i) * D + k] : from_float<T>(0.f);
+  }
+  const T* h0 = static_cast<const T*>(a.h0);
+  const T* tape0 = static_cast<const T*>(a.tape0);
+  T* w_all = static_cast<T*>(a.w_all);
+  T* ckpt = static_cast<T*>(a.ckpt);
+  const size_t tape_size = size_t(B) * N * D;  // one checkpoint
+  for (int o = threadIdx.x; o < kBC * D; o += kThreads) {
+    const int j = o / D, k = o % D;
+    wfull[o] = j < nb ? to_float(h0[size_t(col0 + j) * D + k]) : 0.f;
+    if (j < nb && k >= row0 && k < row0 + rows) w_all[size_t(col0 + j) * D + k] = h0[size_t(col0 + j) * D + k];
+  }
+  for (int o = threadIdx.x; o < kBC * N * S; o += kThreads) {
+    const int j = o / (N * S), n = o / S % N, i = o % S;
+    float m = 0.f;
+    if (j < nb && i < rows) {
+      const size_t idx = (size_t(col0 + j) * N + n) * D + row0 + i;
+      m = to_float(tape0[idx]);
+      ckpt[idx] = tape0[idx];
+    }
+    tape[o] = m;
+  }
+  __syncthreads();
+  partial_scores(xa, tape, wfull + row0, D, nb, N, S, rows);  // read scores of step 0
+  const T* wx = static_cast<const T*>(a.wx);
+  const T* zv = static_cast<const T*>(a.z);
+  const T* bv = static_cast<const T*>(a.b);
+  T* out = static_cast<T*>(a.out);
+  for (int t = 0; t < a.steps; ++t) {
+    cluster.sync();  // A
+    softmax_of_partials(cluster, C, nb, N, scale, xa, alpha);
+    __syncthreads();
+    for (int o = threadIdx.x; o < nb * rows; o += kThreads) {
+      const int j = o / rows, i = o % rows;
+      float hw = 0.f;
+      for (int k = 0; k < D; ++k) hw += to_float(whT[k * S + i]) * wfull[j * D + k];
+      float r = 0.f;
+      for (int n = 0; n < N; ++n) r += alpha[j * N + n] * tape[(j * N + n) * S + i];
+      const size_t idx = (size_t(t) * B + col0 + j) * D + row0 + i;
+      const float w = tanhf(hw + to_float(wx[idx]) + r + to_float(bv[row0 + i]));
+      const T wq = from_float<T>(w);
+      w_all[idx + size_t(B) * D] = wq;
+      out[idx] = from_float<T>(w * silu_f(to_float(zv[idx])));
+      myw[j * S + i] = to_float(wq);
+      xw[j * S + i] = to_float(wq);
+    }
+    __syncthreads();
+    partial_scores(xb, tape, myw, S, nb, N, S, rows);
+    cluster.sync();  // C
+    for (int o = threadIdx.x; o < nb * D; o += kThreads) {
+      const int j = o / D, k = o % D;
+      wfull[o] = cluster.map_shared_rank(xw, k / S)[j * S + k % S];
+    }
+    softmax_of_partials(cluster, C, nb, N, scale, xb, beta);
+    __syncthreads();
+    const bool keep = (t + 1) % a.interval == 0 && t + 1 < a.steps;
+    T* ck = ckpt + size_t((t + 1) / a.interval) * tape_size;
+    for (int o = threadIdx.x; o < nb * rows; o += kThreads) {
+      const int j = o / rows, i = o % rows;
+      float u = 0.f;
+      for (int k = 0; k < D; ++k) u += to_float(wwrT[k * S + i]) * wfull[j * D + k];
+      for (int n = 0; n < N; ++n) {
+        float& m = tape[(j * N + n) * S + i];
+        const T mq = from_float<T>((1.f - beta[j * N + n]) * m + beta[j * N + n] * u);
+        m = to_float(mq);
+        if (keep) ck[(size_t(col0 + j) * N + n) * D + row0 + i] = mq;
+      }
+    }
+    __syncthreads();
+    partial_scores(xa, tape, myw, S, nb, N, S, rows);  // read scores of the next step
+    __syncthreads();
+  }
+  T* tape_T = static_cast<T*>(a.tape_T);
+  for (int o = threadIdx.x; o < nb * N * rows; o += kThreads) {
+    const int j = o / (N * rows), n = o / rows % N, i = o % rows;
+    tape_T[(size_t(col0 + j) * N + n) * D + row0 + i] = from_float<T>(tape[(j * N + n) * S + i]);
+  }
+  cluster.sync();  // no CTA leaves while a peer may still read its shared memory
+}
+
+}  // namespace
+
+LowRankPlan tape_persistent_plan(int batch, int dim, int slots, bool bf16) {
+  LowRankPlan plan;
+  if (batch < 1 || dim < 1 || slots < 1 || slots > kMaxSlots) {
+    plan.reason = "B, D must be at least 1 and 1 <= N <= 256";
+    return plan;
+  }
+  const int elem = bf16 ? 2 : 4;
+  for (const int cluster : {16, 8}) {
+    if (dim < cluster) continue;
+    const int smem = tape_smem(dim, slots, cluster, elem);
+    if (smem > kSmemBudget) continue;
+    auto k = bf16 ? tape_persistent_kernel<__nv_bfloat16> : tape_persistent_kernel<float>;
+    int active = 0;
+    cudaLaunchAttribute attr[1];
+    const cudaLaunchConfig_t cfg = cluster_launch_config(cluster, 1, kThreads, smem, nullptr, attr);
+    if (allow_cluster_launch(k, smem, cluster) != cudaSuccess ||
+        cudaOccupancyMaxActiveClusters(&active, k, &cfg) != cudaSuccess || active < 1) {
+      cudaGetLastError();
+      continue;
+    }
+    plan.ok = true;
+    plan.cluster = cluster;
+    plan.clusters = (batch + kBC - 1) / kBC;
+    plan.smem = smem;
+    return plan;
+  }
+  plan.reason = "W_h, W_wr and the tape slices do not fit one cluster's shared memory at this D and N";
+  return plan;
+}
+
+template <typename T>
+cudaError_t tape_persistent_forward(const LowRankPlan& plan, const TapePersistent& a) {
+  auto k = tape_persistent_kernel<T>;
+  cudaError_t e = allow_cluster_launch(k, plan.smem, plan.cluster);
+  if (e != cudaSuccess) return e;
+  cudaLaunchAttribute attr[1];
+  const cudaLaunchConfig_t cfg =
+      cluster_launch_config(plan.cluster, plan.clusters, kThreads, plan.smem, a.stream, attr);
+  return cudaLaunchKernelEx(&cfg, k, a);
+}
+
+template cudaError_t tape_persistent_forward<float>(const LowRankPlan&, const TapePersistent&);
+template cudaError_t tape_persistent_forward<__nv_bfloat16>(const LowRankPlan&, const TapePersistent&);
+
+}  // namespace elman
