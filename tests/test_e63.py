@@ -158,3 +158,22 @@ def test_op_paths_and_plan():
         delta.plan("persistent")
     with pytest.raises(ValueError, match="mode"):
         delta.check_mode("e")
+
+
+def _cell_record(variant, impl, B, D, us):
+    return {"kind": "bench", "variant": variant, "impl": impl,
+            "params": {"measure": "cell", "B": B, "D": D, "T": 512, "dtype": "bfloat16"},
+            "metrics": {"per_step_us": us, "fwdbwd_ms": {"median": 1.0}}}
+
+
+def test_versus_table_and_findings_read_the_records():
+    from elman.families.dense import delta_bench
+    recs = [_cell_record("E63", "cuda:steps+graph", 4, 1024, 12.0),
+            _cell_record("E63c", "cuda:steps+graph", 4, 1024, 15.0),
+            _cell_record("E1", "cuda:steps+graph", 4, 1024, 10.0),
+            _cell_record("E1", "cuda:persistent", 4, 1024, 3.0)]
+    table = delta_bench.versus_table(recs, ("E63", "E63c"))
+    assert "| 1024 | 4 | 12.00 | 15.00 | 1.20 | 1.50 | 10.00 | 3.00 |" in table
+    text = delta_bench.speed_findings(recs, ("E63", "E63c"))
+    assert "E63c (graph path) costs 1.50x to 1.50x" in text and "4.00x" in text
+    assert "not yet recorded" in delta_bench.speed_findings([], ("E63",))
