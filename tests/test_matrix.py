@@ -235,3 +235,23 @@ def test_parity_fills_a_shape_without_heads():
     for entry in (e88.ENTRIES[0], e88.ENTRIES[-1], e75.ENTRIES[0]):
         cases = entry.parity(Shape(5, 3, entry.test_shapes[0].D), torch.float32, "cpu", g)
         assert cases and all(len(c.reference(**c.inputs)) == 2 for c in cases)
+
+
+def test_bench_tables_read_records():
+    from elman.families.matrix import bench
+
+    t = {"median": 0.2, "p20": 0.19, "p80": 0.21, "reps": 5}
+    rec = {"kind": "bench", "variant": "E88h83n32", "impl": "cuda:matrix",
+           "params": {"measure": "recurrence", "T": 512, "B": 16, "D": 1920, "H": 83, "n": 32, "v": 32,
+                      "K": 16, "dtype": "bfloat16"},
+           "metrics": {"fwd_ms": t, "bwd_ms": {**t, "median": 0.4}, "fwdbwd_ms": {**t, "median": 0.6},
+                       "bwd_over_fwd": 2.0, "per_step_us": 0.4, "peak_mem_mb": 100.0,
+                       **bench.traffic_bytes(512, 16, 83, 32, 32, False)}}
+    layer = lambda name, ms: {"kind": "bench", "variant": name, "impl": "x",  # noqa: E731
+                              "params": {"measure": "layer", "B": 16, "D": 1920},
+                              "metrics": {"fwdbwd_ms": {**t, "median": ms}, "peak_mem_mb": 10.0}}
+    recs = [rec, layer("E88h83n32", 3.0), layer("fla-gdn", 2.0)]
+    assert "E88h83n32" in bench.recurrence_table(recs)
+    lines = bench.target_lines(recs, "E88h83n32", 16, 1920)
+    assert "2.00 (target <= 1.5: not met)" in lines and "fla-gdn 2.00 ms" in lines
+    assert bench.geometry(e88.ENTRIES[0], 1920)[:3] == (60, 32, 32)
