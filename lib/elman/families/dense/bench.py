@@ -163,6 +163,15 @@ def _slow(impl: str, D: int) -> bool:
     return impl == "torch:eager" or (impl == "cudnn:bf16" and D >= 1024)
 
 
+def cell_record(entry: Entry, impl: str, fwd, fwdbwd, B: int, D: int, T: int, reps: int,
+                n: int) -> dict:
+    """One "cell" record: `fwd(i)` and `fwdbwd(i)` over `n` input sets timed `reps` times."""
+    tf, tfb = timeit(fwd, reps, 3, n), timeit(fwdbwd, reps, 3, n)
+    return records.make("bench", entry.name, impl, _params("cell", B, D, T),
+                        {"fwd_ms": tf, "fwdbwd_ms": tfb, "per_step_us": 1000 * tf["median"] / T,
+                         "per_step_fwdbwd_us": 1000 * tfb["median"] / T})
+
+
 def cell_records(entry: Entry, B: int, D: int, T: int = T_DEFAULT, reps: int = 30,
                  quick: bool = False, impls: tuple[str, ...] | None = None,
                  gate: dict[str, bool] | None = None) -> list[dict]:
@@ -188,13 +197,8 @@ def cell_records(entry: Entry, B: int, D: int, T: int = T_DEFAULT, reps: int = 3
         if gate is not None and impl.startswith("cuda:") and not gate.get(impl.split("+")[0], False):
             print(f"bench: skipping {entry.name} {impl} at B={B} D={D}: no passing parity in this run")
             continue
-        r = max(5, reps // 4) if _slow(impl, D) else reps
-        tf = timeit(fwd, r, 3, n)
-        tfb = timeit(fwdbwd, r, 3, n)
-        out.append(records.make("bench", entry.name, impl, _params("cell", B, D, T),
-                                {"fwd_ms": tf, "fwdbwd_ms": tfb,
-                                 "per_step_us": 1000 * tf["median"] / T,
-                                 "per_step_fwdbwd_us": 1000 * tfb["median"] / T}))
+        out.append(cell_record(entry, impl, fwd, fwdbwd, B, D, T,
+                               max(5, reps // 4) if _slow(impl, D) else reps, n))
     del sets, fns
     torch.cuda.empty_cache()
     return out

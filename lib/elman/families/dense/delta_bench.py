@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import torch
 
-from ...core import records
 from ...core.entry import Entry
-from ...core.timing import T_DEFAULT, rotation, timeit
+from ...core.timing import T_DEFAULT, rotation
 from . import delta
-from .bench import _graphed, _params
+from .bench import _graphed, cell_record
 from .compare import GRAPH, PERSISTENT, cells
 
 
@@ -92,12 +91,8 @@ def cell_records(entry: Entry, mode: str, B: int, D: int, T: int = T_DEFAULT, re
         if gate is not None and impl in parity_of and not gate.get(parity_of[impl], False):
             print(f"bench: skipping {entry.name} {impl} at B={B} D={D}: no passing parity in this run")
             continue
-        r = max(5, reps // 4) if impl == "torch:eager" else reps
-        tf, tfb = timeit(fwd, r, 3, n), timeit(fwdbwd, r, 3, n)
-        out.append(records.make("bench", entry.name, impl, _params("cell", B, D, T),
-                                {"fwd_ms": tf, "fwdbwd_ms": tfb,
-                                 "per_step_us": 1000 * tf["median"] / T,
-                                 "per_step_fwdbwd_us": 1000 * tfb["median"] / T}))
+        out.append(cell_record(entry, impl, fwd, fwdbwd, B, D, T,
+                               max(5, reps // 4) if impl == "torch:eager" else reps, n))
     del sets, fns
     torch.cuda.empty_cache()
     return out
