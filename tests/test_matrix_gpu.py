@@ -114,3 +114,17 @@ def test_layer_runs_under_autocast():
     out.float().sum().backward()
     assert out.dtype == torch.bfloat16 and S.dtype == torch.float32
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in layer.parameters())
+
+
+@pytest.mark.parametrize("level", ["E88h8n32", "E88f_h24n24", "E75h4n32"])
+def test_layer_under_bf16_autocast_matches_the_fp32_reference(level):
+    from elman import registry
+    from elman.core.entry import rel_error
+    torch.manual_seed(0)
+    layer = registry.get(level).layer(256, backend="cuda").cuda()
+    y = torch.randn(2, 70, 256, device="cuda")
+    with torch.autocast("cuda", torch.bfloat16):
+        out, S = layer(y)
+    layer.backend = "reference"
+    ref_out, ref_S = layer(y)
+    assert rel_error(out.float(), ref_out) < 3e-2 and rel_error(S, ref_S) < 3e-2
