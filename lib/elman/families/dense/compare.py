@@ -78,6 +78,12 @@ def plot_versus(recs: list[dict], variant: str, base: str = "E1", metric: str = 
     series = [(variant, PERSISTENT, f"{variant} persistent", "C3", "o"),
               (base, PERSISTENT, f"{base} persistent", "C7", "x"),
               (variant, GRAPH, f"{variant} cuBLAS per step, CUDA graph", "C0", "s")]
+    return plot_series(recs, series, metric, title)
+
+
+def plot_series(recs: list[dict], series: list[tuple], metric: str = "per_step_us", title: str = ""):
+    """Cell records against B, one panel per recorded D, one line per (variant, impl, label,
+    color, marker) of `series`. None when nothing is recorded."""
     dims = sorted({D for v, i, *_ in series for (D, _) in cells(recs, v, i)})
     if not dims:
         return None

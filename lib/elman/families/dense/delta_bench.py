@@ -17,7 +17,7 @@ from ...core.entry import Entry
 from ...core.timing import T_DEFAULT, rotation
 from . import delta
 from .bench import _graphed, cell_record
-from .compare import GRAPH, PERSISTENT, cells
+from .compare import GRAPH, PERSISTENT, cells, plot_series
 
 
 def _inputs(mode: str, T: int, B: int, D: int, n: int, dtype=torch.bfloat16) -> list[dict]:
@@ -150,3 +150,13 @@ def speed_findings(recs: list[dict], variants: tuple[str, ...], base: str = "E1"
         return ("- The GPU results of " + ", ".join(variants) + " are not yet recorded (no pinned "
                 "run for this chapter): the speed questions stay open until the GPU pass records them.")
     return "\n".join(out)
+
+
+def plot_versus(recs: list[dict], variants: tuple[str, ...], base: str = "E1",
+                metric: str = "per_step_us", title: str = ""):
+    """Each variant's graph path and `base`'s graph and persistent paths against B, one panel
+    per D. None when nothing is recorded."""
+    series = [(v, GRAPH, f"{v} cuBLAS per step, CUDA graph", f"C{k}", "o") for k, v in enumerate(variants)]
+    series += [(base, GRAPH, f"{base} cuBLAS per step, CUDA graph", "C7", "s"),
+               (base, PERSISTENT, f"{base} persistent", "k", "x")]
+    return plot_series(recs, series, metric, title)
