@@ -177,3 +177,14 @@ def test_versus_table_and_findings_read_the_records():
     text = delta_bench.speed_findings(recs, ("E63", "E63c"))
     assert "E63c (graph path) costs 1.50x to 1.50x" in text and "4.00x" in text
     assert "not yet recorded" in delta_bench.speed_findings([], ("E63",))
+
+
+def test_flow_references_take_the_dense_inputs_and_shift_the_gate_bias():
+    refs = e63.flow_references()
+    assert set(refs) == {"E63", "E63b", "E63c", "E63d", "E63a without W_h h"}
+    kw = _inputs("E63")
+    shifted = {**kw, "b_a": kw["b_a"] + e63.B_ALPHA["a"]}
+    torch.testing.assert_close(refs["E63"](**kw)[0], e63.reference(**shifted)[0])
+    plain = inputs.reference_inputs(refs["E63a without W_h h"], Shape(3, 2, 5), "cpu",
+                                    torch.Generator().manual_seed(0))
+    assert "w_h" not in plain and refs["E63a without W_h h"](**plain)[0].shape == (3, 2, 5)

@@ -20,6 +20,8 @@ steps paths (no persistent kernel).
 """
 from __future__ import annotations
 
+import inspect
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -119,6 +121,25 @@ def cell_c(x, w_x, w_h, b, w_a, b_a, w_b, b_b, u_a, u_b, h0=None, backend: str =
 def cell_d(x, w_x, w_h, b, w_a, b_a, h0=None, backend: str = "cuda", path: str = "auto"):
     """E63d's cell."""
     return delta_cell("d", x, w_x, w_h, b, w_a, b_a, h0=h0, backend=backend, path=path)
+
+
+def flow_references() -> dict:
+    """References for the chapter's gradient-flow measurement, on the dense family's inputs
+    (`compare.gradient_flow`): each mode with its layer's initial gate bias added to the drawn
+    b_alpha (sigmoid(2) = 0.88 keeps the state in a, b, c), and the ablation of E63a without
+    the state in the candidate (v = tanh(W_x x + b): a gated blend whose only path through time
+    is alpha, E61's shape with a tanh candidate)."""
+    def shifted(mode):
+        def ref(x, w_x, w_h, b, w_a, b_a, w_b=None, b_b=None, u_a=None, u_b=None, h0=None):
+            return delta_reference(mode, x, w_x, w_h, b, w_a, b_a + B_ALPHA[mode], w_b, b_b, u_a, u_b, h0)
+        names = {"a": reference, "b": reference_b, "c": reference_c, "d": reference_d}
+        ref.__signature__ = inspect.signature(names[mode])
+        return ref
+
+    def without_state(x, w_x, b, w_a, b_a, h0=None):
+        return delta_reference("a", x, w_x, torch.zeros_like(w_x), b, w_a, b_a + B_ALPHA["a"], h0=h0)
+    return {**{f"E63{'' if m == 'a' else m}": shifted(m) for m in "abcd"},
+            "E63a without W_h h": without_state}
 
 
 class E63(RecurrentLayer):
