@@ -127,13 +127,18 @@ def test_paths_agree_and_path_reported(level):
 
 
 def test_persistent_path_raises_where_not_taken():
-    _, cases = _case("E23", D=4096)
-    a = {k: v.detach().float() for k, v in cases[0].inputs.items()}
+    """Sizes whose weights do not fit a cluster's shared memory, and fp32 (bf16 only)."""
+    bf = torch.bfloat16
+    _, cases = _case("E23", D=1024)
+    a = {k: v.detach().to(bf) for k, v in cases[0].inputs.items()}
     with pytest.raises(ValueError, match="does not take"):
         op.tape_cell(**a, path="persistent")
+    with pytest.raises(ValueError, match="bf16 only"):
+        op.tape_cell(**{k: v.float() for k, v in a.items()}, path="persistent")
     _, cases = _case("E4", D=2048)
-    a = {k: v.detach().float() for k, v in cases[0].inputs.items()}
-    a["u"], a["v"] = torch.randn(2048, 1024, device="cuda"), torch.randn(1024, 2048, device="cuda")
+    a = {k: v.detach().to(bf) for k, v in cases[0].inputs.items()}
+    a["u"] = torch.randn(2048, 1024, device="cuda", dtype=bf)
+    a["v"] = torch.randn(1024, 2048, device="cuda", dtype=bf)
     from elman.variants import e4
     with pytest.raises(ValueError, match="does not take"):
         e4.cell(**a, path="persistent")

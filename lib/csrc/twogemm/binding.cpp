@@ -254,8 +254,7 @@ void lowrank_persistent_forward(int64_t mode, const at::Tensor& a, const at::Ten
   args.h_all = h_all.data_ptr(); args.p_all = p_all.data_ptr();
   args.aux = mode != elman::kTanhGate ? aux->data_ptr() : nullptr;
   args.stream = at::cuda::getCurrentCUDAStream();
-  elman::check::cuda(bf16 ? elman::lowrank_persistent_forward<__nv_bfloat16>(plan, args)
-                          : elman::lowrank_persistent_forward<float>(plan, args),
+  elman::check::cuda(elman::lowrank_persistent_forward<__nv_bfloat16>(plan, args),
                      "low-rank persistent forward");
 }
 
@@ -286,8 +285,7 @@ void lowrank_persistent_backward(int64_t mode, const at::Tensor& c, const at::Te
   args.d_out = d_out.data_ptr(); args.d_hT = d_hT.data_ptr(); args.d_pre = d_pre.data_ptr();
   args.d_c = d_c.data_ptr(); args.dp_all = dp_all.data_ptr(); args.dh0 = dh0.data_ptr();
   args.stream = at::cuda::getCurrentCUDAStream();
-  elman::check::cuda(bf16 ? elman::lowrank_persistent_backward<__nv_bfloat16>(plan, args)
-                          : elman::lowrank_persistent_backward<float>(plan, args),
+  elman::check::cuda(elman::lowrank_persistent_backward<__nv_bfloat16>(plan, args),
                      "low-rank persistent backward");
 }
 
@@ -330,8 +328,7 @@ void tape_persistent_forward(const at::Tensor& wx, const at::Tensor& z, const at
   a.b = b.data_ptr(); a.h0 = h0.data_ptr(); a.tape0 = tape0.data_ptr(); a.out = out.data_ptr();
   a.w_all = w_all.data_ptr(); a.tape_T = tape_T.data_ptr(); a.ckpt = ckpt.data_ptr();
   a.stream = at::cuda::getCurrentCUDAStream();
-  elman::check::cuda(bf16 ? elman::tape_persistent_forward<__nv_bfloat16>(plan, a)
-                          : elman::tape_persistent_forward<float>(plan, a),
+  elman::check::cuda(elman::tape_persistent_forward<__nv_bfloat16>(plan, a),
                      "tape persistent forward");
 }
 

@@ -235,16 +235,18 @@ LowRankPlan lowrank_persistent_plan(int batch, int dim, int rank, bool bf16) {
     plan.reason = "B, D and r must be at least 1";
     return plan;
   }
-  const int elem = bf16 ? 2 : 4;
+  if (!bf16) {  // fp32 runs the per-step paths (as the dense family's persistent kernels do)
+    plan.reason = "the persistent kernels are bf16 only";
+    return plan;
+  }
+  const int elem = 2;
   for (const int cluster : {8, 16}) {
     if (dim < cluster) continue;
     const int smem = max(smem_bytes(dim, rank, cluster, elem, false),
                          smem_bytes(dim, rank, cluster, elem, true));
     if (smem > kSmemBudget) continue;
-    Kernel kernels[2] = {bf16 ? lowrank_persistent_forward_kernel<__nv_bfloat16>
-                              : lowrank_persistent_forward_kernel<float>,
-                         bf16 ? lowrank_persistent_backward_kernel<__nv_bfloat16>
-                              : lowrank_persistent_backward_kernel<float>};
+    Kernel kernels[2] = {lowrank_persistent_forward_kernel<__nv_bfloat16>,
+                         lowrank_persistent_backward_kernel<__nv_bfloat16>};
     bool fits = true;
     for (Kernel k : kernels) {
       int active = 0;
@@ -278,9 +280,7 @@ cudaError_t lowrank_persistent_backward(const LowRankPlan& plan, const LowRankPe
   return launch<T>(lowrank_persistent_backward_kernel<T>, plan, a);
 }
 
-template cudaError_t lowrank_persistent_forward<float>(const LowRankPlan&, const LowRankPersistent&);
 template cudaError_t lowrank_persistent_forward<__nv_bfloat16>(const LowRankPlan&, const LowRankPersistent&);
-template cudaError_t lowrank_persistent_backward<float>(const LowRankPlan&, const LowRankPersistent&);
 template cudaError_t lowrank_persistent_backward<__nv_bfloat16>(const LowRankPlan&, const LowRankPersistent&);
 
 }  // namespace elman

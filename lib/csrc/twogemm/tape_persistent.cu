@@ -184,12 +184,16 @@ LowRankPlan tape_persistent_plan(int batch, int dim, int slots, bool bf16) {
     plan.reason = "B, D must be at least 1 and 1 <= N <= 256";
     return plan;
   }
-  const int elem = bf16 ? 2 : 4;
+  if (!bf16) {  // fp32 runs the per-step paths (as the dense family's persistent kernels do)
+    plan.reason = "the persistent kernels are bf16 only";
+    return plan;
+  }
+  const int elem = 2;
   for (const int cluster : {16, 8}) {
     if (dim < cluster) continue;
     const int smem = tape_smem(dim, slots, cluster, elem);
     if (smem > kSmemBudget) continue;
-    auto k = bf16 ? tape_persistent_kernel<__nv_bfloat16> : tape_persistent_kernel<float>;
+    auto k = tape_persistent_kernel<__nv_bfloat16>;
     int active = 0;
     cudaLaunchAttribute attr[1];
     const cudaLaunchConfig_t cfg = cluster_launch_config(cluster, 1, kThreads, smem, nullptr, attr);
@@ -219,7 +223,6 @@ cudaError_t tape_persistent_forward(const LowRankPlan& plan, const TapePersisten
   return cudaLaunchKernelEx(&cfg, k, a);
 }
 
-template cudaError_t tape_persistent_forward<float>(const LowRankPlan&, const TapePersistent&);
 template cudaError_t tape_persistent_forward<__nv_bfloat16>(const LowRankPlan&, const TapePersistent&);
 
 }  // namespace elman

@@ -90,7 +90,8 @@ struct LowRankPlan {
   const char* reason = "";
 };
 
-// Whether (and how) the persistent kernels take this size: both directions must fit.
+// Whether (and how) the persistent kernels take this size: bf16 only, both directions must
+// fit. The launchers are instantiated for __nv_bfloat16.
 LowRankPlan lowrank_persistent_plan(int batch, int dim, int rank, bool bf16);
 
 template <typename T>

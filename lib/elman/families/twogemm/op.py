@@ -14,7 +14,7 @@ Two cells, time-major `[T, B, D]`:
   memory is (T/K + K) tapes, not the T + 1 of the whole history.
 
 GEMMs are torch/cuBLAS (`torch.mm` into preallocated buffers); the fused stages are the
-kernels of lib/csrc/twogemm. Paths: `persistent` (low-rank only: one launch runs the whole
+kernels of lib/csrc/twogemm. Paths: `persistent` (bf16; low-rank: one launch runs the whole
 sequence, a thread-block cluster whose CTAs own slices of the state and exchange only the
 r-wide partial sums of V h and of d_pre U; lib/csrc/twogemm/persistent.cu), `steps` (the
 loop launched from the stream), `graph` (the same loop captured once per shape in a CUDA
