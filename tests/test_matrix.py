@@ -205,13 +205,16 @@ def test_op_validates_before_launch():
         op.recurrence(**kw, K=0)
     with pytest.raises(ValueError, match="decay"):
         op.recurrence(**dict(kw, decay=kw["decay"][..., None]))
+    with pytest.raises(ValueError, match="group"):
+        op.recurrence(**kw, group=2)
+    assert op.groups(64) == (0, 4, 8) and op.groups(96) == (0, 4)
 
 
 def test_parity_cases_build_on_cpu():
     g = torch.Generator().manual_seed(0)
     entry = e88.ENTRIES[0]
     cases = entry.parity(inputs.TEST_SHAPES[1], torch.float32, "cpu", g)
-    assert [c.impl for c in cases][:2] == ["cuda:core", "cuda:layer[defaults]"]
+    assert [c.impl for c in cases][:4] == ["cuda:core", "cuda:core:G4", "cuda:core:G8", "cuda:layer[defaults]"]
     for c in cases:                      # the reference side of each case runs on the CPU
         outs = c.reference(**c.inputs)
         assert len(outs) == len(c.outputs)
@@ -250,6 +253,7 @@ def test_bench_tables_read_records():
     layer = lambda name, ms: {"kind": "bench", "variant": name, "impl": "x",  # noqa: E731
                               "params": {"measure": "layer", "B": 16, "D": 1920},
                               "metrics": {"fwdbwd_ms": {**t, "median": ms}, "peak_mem_mb": 10.0}}
+    rec["impl"], rec["params"]["group"] = "cuda:matrix:G8", 8
     recs = [rec, layer("E88h83n32", 3.0), layer("fla-gdn", 2.0)]
     assert "E88h83n32" in bench.recurrence_table(recs)
     lines = bench.target_lines(recs, "E88h83n32", 16, 1920)

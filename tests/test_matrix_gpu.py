@@ -29,37 +29,38 @@ def _inputs(T, B, H, n, v, column=False, beta=True, seed=0):
 @pytest.mark.parametrize("step", ref.STEPS)
 @pytest.mark.parametrize("column,beta", [(False, True), (False, False), (True, False)])
 @pytest.mark.parametrize("K", [1, 4, 16])
-def test_op_matches_the_schedule_fp32(step, column, beta, K):
+@pytest.mark.parametrize("group", op.groups(32))
+def test_op_matches_the_schedule_fp32(step, column, beta, K, group):
     kw = _inputs(19, 2, 3, 16, 32, column, beta)
     plain = {k: None if t is None else t.detach().float() for k, t in kw.items()}
-    o, S_T = op.recurrence(**plain, step=step, K=K)
+    o, S_T = op.recurrence(**plain, step=step, K=K, group=group)
     o_ref, S_ref, ckpt = schedule.forward(**{k: None if t is None else t.detach() for k, t in kw.items()},
                                           step=step, K=K)
     torch.testing.assert_close(o.double(), o_ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(S_T.double(), S_ref, rtol=1e-5, atol=1e-5)
     _, _, ckpt_op = op.forward(plain["q"], plain["k"], plain["v"], plain["decay"], plain["beta"],
-                               plain["h0"], step, K)
+                               plain["h0"], step, K, group)
     torch.testing.assert_close(ckpt_op.double(), ckpt, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n,v", [(n, v) for n in op.SIZES for v in op.SIZES])
 def test_every_supported_pair(dtype, n, v):
-    case = inputs.core_case(e88.reference, e88.cell, Shape(21, 2, 1, 3, n, v), "cuda",
-                            torch.Generator(device="cuda").manual_seed(n * v))
-    errors = run_case(case, DTYPES[dtype], torch.Generator(device="cuda").manual_seed(1))
-    tol = inputs.TOLERANCE[dtype]
-    assert max(e for k, e in errors.items() if k.startswith("fwd:")) <= tol.fwd, errors
-    assert max(e for k, e in errors.items() if k.startswith("grad:")) <= tol.bwd, errors
+    for case in inputs.core_cases(e88.reference, e88.cell, Shape(21, 2, 1, 3, n, v), "cuda",
+                                  torch.Generator(device="cuda").manual_seed(n * v)):
+        errors = run_case(case, DTYPES[dtype], torch.Generator(device="cuda").manual_seed(1))
+        tol = inputs.TOLERANCE[dtype]
+        assert max(e for k, e in errors.items() if k.startswith("fwd:")) <= tol.fwd, (case.impl, errors)
+        assert max(e for k, e in errors.items() if k.startswith("grad:")) <= tol.bwd, (case.impl, errors)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_e75_core(dtype):
-    case = inputs.core_case(e75.reference, e75.cell, Shape(33, 2, 1, 2, 32, 32), "cuda",
-                            torch.Generator(device="cuda").manual_seed(0))
-    errors = run_case(case, DTYPES[dtype], torch.Generator(device="cuda").manual_seed(1))
-    tol = inputs.TOLERANCE[dtype]
-    assert max(errors.values()) <= max(tol.fwd, tol.bwd), errors
+    for case in inputs.core_cases(e75.reference, e75.cell, Shape(33, 2, 1, 2, 32, 32), "cuda",
+                                  torch.Generator(device="cuda").manual_seed(0)):
+        errors = run_case(case, DTYPES[dtype], torch.Generator(device="cuda").manual_seed(1))
+        tol = inputs.TOLERANCE[dtype]
+        assert max(errors.values()) <= max(tol.fwd, tol.bwd), (case.impl, errors)
 
 
 def test_backward_memory_grows_with_T_over_K():

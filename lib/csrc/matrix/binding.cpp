@@ -28,7 +28,7 @@ struct Call {
 
 Call check_call(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                 const at::Tensor& decay, const c10::optional<at::Tensor>& beta, int64_t step,
-                int64_t K) {
+                int64_t K, int64_t group) {
   const auto same = elman::check::leading(k, "k", 4, "[T, B, H, n]", {at::kFloat, at::kBFloat16});
   const int64_t T = k.size(0), B = k.size(1), H = k.size(2), n = k.size(3);
   if (v.dim() != 4) value_error("v must be [T, B, H, v], got shape " + elman::check::shape(v.sizes()));
@@ -42,6 +42,9 @@ Call check_call(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     value_error("step must be an index of the step table (0.." + num(elman::matrix_step_count() - 1) +
                 "), got " + num(step));
   if (K < 1) value_error("the checkpoint interval K must be at least 1, got " + num(K));
+  if (!elman::matrix_group_ok(int(group), int(vd)))
+    value_error("group (threads per value column) must be 0 (default), 4, or 8 with 8 v <= " +
+                num(elman::kMatrixThreads) + "; got " + num(group) + " at v=" + num(vd));
   if (T * B * H * std::max(n, vd) >= (int64_t(1) << 31))
     value_error("T * B * H * max(n, v) must be below 2^31, got " + num(T * B * H * std::max(n, vd)));
   const elman::check::Tensors f32{k.device(), at::kFloat};
@@ -54,10 +57,11 @@ Call check_call(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 
 elman::MatrixArgs args_of(const Call& c, const at::Tensor& q, const at::Tensor& k,
                           const at::Tensor& v, const at::Tensor& decay,
-                          const c10::optional<at::Tensor>& beta, int64_t step, int64_t K) {
+                          const c10::optional<at::Tensor>& beta, int64_t step, int64_t K,
+                          int64_t group) {
   elman::MatrixArgs a;
   a.T = int(c.T), a.B = int(c.B), a.H = int(c.H), a.n = int(c.n), a.v = int(c.v), a.K = int(K);
-  a.step = int(step), a.column = c.column, a.bf16 = k.scalar_type() == at::kBFloat16;
+  a.step = int(step), a.group = int(group), a.column = c.column, a.bf16 = k.scalar_type() == at::kBFloat16;
   a.q = q.data_ptr(), a.k = k.data_ptr(), a.v_in = v.data_ptr();
   a.decay = decay.data_ptr<float>();
   a.beta = beta ? beta->data_ptr<float>() : nullptr;
@@ -67,14 +71,14 @@ elman::MatrixArgs args_of(const Call& c, const at::Tensor& q, const at::Tensor& 
 
 void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& decay,
              const c10::optional<at::Tensor>& beta, const at::Tensor& h0, at::Tensor& o,
-             at::Tensor& S_T, at::Tensor& ckpt, int64_t step, int64_t K) {
-  const Call c = check_call(q, k, v, decay, beta, step, K);
+             at::Tensor& S_T, at::Tensor& ckpt, int64_t step, int64_t K, int64_t group) {
+  const Call c = check_call(q, k, v, decay, beta, step, K, group);
   c.f32(h0, "h0", {c.B, c.H, c.n, c.v});
   c.same(o, "o", {c.T, c.B, c.H, c.v});
   c.f32(S_T, "S_T", {c.B, c.H, c.n, c.v});
   c.f32(ckpt, "ckpt", {(c.T + K - 1) / K, c.B, c.H, c.n, c.v});
   const c10::cuda::CUDAGuard guard(k.device());
-  elman::MatrixArgs a = args_of(c, q, k, v, decay, beta, step, K);
+  elman::MatrixArgs a = args_of(c, q, k, v, decay, beta, step, K, group);
   a.h0 = h0.data_ptr<float>(), a.o = o.data_ptr(), a.S_T = S_T.data_ptr<float>();
   a.ckpt = ckpt.data_ptr<float>();
   elman::check::cuda(elman::matrix_forward(a), "matrix forward");
@@ -84,8 +88,8 @@ void backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
               const c10::optional<at::Tensor>& beta, const at::Tensor& ckpt, const at::Tensor& d_o,
               const at::Tensor& d_ST, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv,
               at::Tensor& d_decay, const c10::optional<at::Tensor>& d_beta, at::Tensor& dh0,
-              int64_t step, int64_t K) {
-  const Call c = check_call(q, k, v, decay, beta, step, K);
+              int64_t step, int64_t K, int64_t group) {
+  const Call c = check_call(q, k, v, decay, beta, step, K, group);
   c.f32(ckpt, "ckpt", {(c.T + K - 1) / K, c.B, c.H, c.n, c.v});
   c.same(d_o, "d_o", {c.T, c.B, c.H, c.v});
   c.f32(d_ST, "d_S_T", {c.B, c.H, c.n, c.v});
@@ -101,7 +105,7 @@ void backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
   const c10::cuda::CUDAGuard guard(k.device());
   const int64_t slots = std::min(K, c.T) + 1;
   const at::Tensor scratch = at::empty({c.B * c.H, slots, c.n, c.v}, ckpt.options());
-  elman::MatrixArgs a = args_of(c, q, k, v, decay, beta, step, K);
+  elman::MatrixArgs a = args_of(c, q, k, v, decay, beta, step, K, group);
   a.ckpt = ckpt.data_ptr<float>(), a.d_o = d_o.data_ptr(), a.d_ST = d_ST.data_ptr<float>();
   a.scratch = scratch.data_ptr<float>(), a.dq = dq.data_ptr(), a.dk = dk.data_ptr();
   a.dv = dv.data_ptr(), a.d_decay = d_decay.data_ptr<float>(), a.dh0 = dh0.data_ptr<float>();
@@ -122,10 +126,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("steps", &steps, "names of the step table, in id order");
   m.def("forward", &forward, "matrix recurrence forward into (o, S_T, ckpt)", py::arg("q"),
         py::arg("k"), py::arg("v"), py::arg("decay"), py::arg("beta"), py::arg("h0"), py::arg("o"),
-        py::arg("S_T"), py::arg("ckpt"), py::arg("step"), py::arg("K"));
+        py::arg("S_T"), py::arg("ckpt"), py::arg("step"), py::arg("K"), py::arg("group") = 0);
   m.def("backward", &backward, "matrix recurrence backward into (dq, dk, dv, d_decay, d_beta, dh0)",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("decay"), py::arg("beta"),
         py::arg("ckpt"), py::arg("d_o"), py::arg("d_S_T"), py::arg("dq"), py::arg("dk"),
         py::arg("dv"), py::arg("d_decay"), py::arg("d_beta"), py::arg("dh0"), py::arg("step"),
-        py::arg("K"));
+        py::arg("K"), py::arg("group") = 0);
 }

@@ -15,6 +15,7 @@ namespace elman {
 struct MatrixArgs {
   int T = 0, B = 0, H = 0, n = 0, v = 0, K = 16;
   int step = 0;          // index into the step table (steps.cuh)
+  int group = 0;         // threads per value column: 4, 8, or 0 for matrix_group(v)
   bool column = false;
   bool bf16 = false;
   const void* q = nullptr;
@@ -38,10 +39,14 @@ struct MatrixArgs {
   cudaStream_t stream = nullptr;
 };
 
-// Threads per value column (each owns n / G rows of it): 8 up to v = 64, 4 beyond, so a block
-// has at most kMatrixThreads threads and each thread up to 128 registers.
+// Threads per value column G (each owns n / G rows of it): 4 or 8, with G v <= kMatrixThreads so
+// that each thread may hold 128 registers. The default is 8 up to v = 64, 4 beyond; a caller may
+// ask for the other where it fits (the benchmark times both).
 constexpr int kMatrixThreads = 512;
 constexpr int matrix_group(int v) { return v <= 64 ? 8 : 4; }
+constexpr bool matrix_group_ok(int group, int v) {
+  return group == 0 || group == 4 || (group == 8 && 8 * v <= kMatrixThreads);
+}
 
 int matrix_step_count();
 const char* matrix_step_name(int step);

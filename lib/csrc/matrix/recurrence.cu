@@ -1,6 +1,6 @@
 // Launchers of the matrix family's recurrence (recurrence.cuh): dispatch on the threads per
-// column G (matrix_group(v)), the rows per thread R = n / G, the compute dtype and the step
-// functor of steps.cuh.
+// column G (the caller's, or matrix_group(v)), the rows per thread R = n / G, the compute dtype
+// and the step functor of steps.cuh.
 #include <cuda_bf16.h>
 
 #include "matrix/matrix.h"
@@ -37,7 +37,7 @@ cudaError_t launch(const MatrixArgs& a, bool backward) {
 
 template <typename T, class Step>
 cudaError_t by_rows(const MatrixArgs& a, bool backward) {
-  if (matrix_group(a.v) == 8) {
+  if ((a.group ? a.group : matrix_group(a.v)) == 8) {
     switch (a.n / 8) {
       case 1: return launch<1, 8, T, Step>(a, backward);
       case 2: return launch<2, 8, T, Step>(a, backward);
@@ -69,7 +69,8 @@ cudaError_t by_dtype(const MatrixArgs& a, bool backward) {
 }
 
 cudaError_t run(const MatrixArgs& a, bool backward) {
-  if (!matrix_supported(a.n, a.v, nullptr) || a.K < 1 || a.T < 1) return cudaErrorInvalidValue;
+  if (!matrix_supported(a.n, a.v, nullptr) || !matrix_group_ok(a.group, a.v) || a.K < 1 || a.T < 1)
+    return cudaErrorInvalidValue;
 #define ELMAN_MATRIX_CASE(id, functor, name) \
   case id: return by_dtype<functor>(a, backward);
   switch (a.step) {

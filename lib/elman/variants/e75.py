@@ -41,12 +41,13 @@ def reference(q, k, v, decay, h0):
 reference.decay_kind = "column"
 
 
-def cell(q, k, v, decay, h0, backend: str = "cuda", checkpoint: int = matrix.CHECKPOINT):
-    """E75's core on `backend`; the CUDA op runs it on the transposed (key-first) state."""
+def cell(q, k, v, decay, h0, backend: str = "cuda", checkpoint: int = matrix.CHECKPOINT, group: int = 0):
+    """E75's core on `backend`; the CUDA op runs it on the transposed (key-first) state, with
+    `group` threads per value column (0: the default)."""
     check_backend(backend)
     if backend == "reference":
         return reference(q, k, v, decay, h0)
-    o, S = matrix.recurrence(q, k, v, decay, None, h0.transpose(-1, -2), "tanh", checkpoint)
+    o, S = matrix.recurrence(q, k, v, decay, None, h0.transpose(-1, -2), "tanh", checkpoint, group)
     return o, S.transpose(-1, -2)
 
 

@@ -259,9 +259,10 @@ def _layer(opts: dict):
     return layer
 
 
-def cell(q, k, v, decay, beta, h0):
-    """The E88 core on the CUDA op (the registry's parity `fast` for the core)."""
-    return core(q, k, v, decay, beta, h0, backend="cuda")
+def cell(q, k, v, decay, beta, h0, group: int = 0):
+    """The E88 core on the CUDA op with `group` threads per value column (the registry's parity
+    `fast` for the core)."""
+    return matrix.recurrence(q, k, v, decay, beta, h0, "tanh", matrix.CHECKPOINT, group)
 
 
 # Option sets the generic level's layer parity runs (every option at least once).

@@ -64,9 +64,12 @@ def time_major(name: str, t: torch.Tensor) -> bool:
     return name in ("q", "k", "v", "decay", "beta")
 
 
-def core_case(reference: Callable, fast: Callable, shape: Shape, device, generator) -> ParityCase:
+def core_cases(reference: Callable, cell: Callable, shape: Shape, device, generator) -> list[ParityCase]:
+    """The core on the CUDA op against the reference, on the same inputs for every thread layout
+    the kernels take at this v (`op.groups`): impl 'cuda:core' (the default), 'cuda:core:G<g>'."""
     kw = reference_inputs(reference, shape, device, generator)
-    return ParityCase(kw, fast, reference, ("o", "S_T"), "cuda:core")
+    return [ParityCase(kw, lambda g=g, **a: cell(**a, group=g), reference, ("o", "S_T"),
+                       "cuda:core" + (f":G{g}" if g else "")) for g in op.groups(shape.v or shape.n or 4)]
 
 
 def layer_case(layer: Callable[..., torch.nn.Module], shape: Shape, device, generator,
@@ -93,15 +96,15 @@ def layer_case(layer: Callable[..., torch.nn.Module], shape: Shape, device, gene
 
 def entry(*, reference: Callable, cell: Callable, layer: Callable, layer_cases: Callable | None = None,
           test_shapes=TEST_SHAPES, **fields) -> Entry:
-    """The registry entry of a matrix variant. `cell(**reference inputs)` runs its core on the
-    CUDA op; `layer_cases(shape)` gives [(label, layer factory(dim))] for the layer
+    """The registry entry of a matrix variant. `cell(**reference inputs, group=g)` runs its core
+    on the CUDA op; `layer_cases(shape)` gives [(label, layer factory(dim))] for the layer
     comparisons at a shape (default: the entry's layer as registered)."""
     cases = layer_cases or (lambda shape: [("", layer)])
 
     def parity(shape: Shape, dtype, device, generator) -> list[ParityCase]:
         first = test_shapes[0]  # a shape without heads or state sizes takes the entry's first
         shape = Shape(shape.T, shape.B, shape.D, shape.H or first.H, shape.n or first.n, shape.v or first.v)
-        out = [core_case(reference, cell, shape, device, generator)]
+        out = core_cases(reference, cell, shape, device, generator)
         # The layer cases run in fp32 only: in bf16 the harness rounds every parameter (A_log,
         # dt_bias, the projections) before the fast run, which measures that rounding, not a kernel.
         if shape.D > 1 and dtype == torch.float32:

@@ -30,6 +30,13 @@ CHECKPOINT = 16                                   # K: steps between stored stat
 SIZES = (8, 16, 24, 32, 48, 64, 96, 128)          # n and v the kernels take (every pair)
 DTYPES = (torch.float32, torch.bfloat16)
 STATE_DTYPES = (torch.float32, torch.bfloat16, torch.float64)
+GROUPS = (0, 4, 8)  # threads per value column; 0: the kernels' default (8 up to v = 64, else 4)
+MAX_THREADS = 512
+
+
+def groups(v: int) -> tuple[int, ...]:
+    """The thread-per-column counts the kernels take at this v (0 = default first)."""
+    return tuple(g for g in GROUPS if g == 0 or g * v <= MAX_THREADS)
 
 
 def supported(n: int, v: int) -> bool:
@@ -40,7 +47,7 @@ def _ext():
     return ops.load("matrix")
 
 
-def validate_call(q, k, v, decay, beta, h0, step: str, K: int) -> tuple[int, ...]:
+def validate_call(q, k, v, decay, beta, h0, step: str, K: int, group: int = 0) -> tuple[int, ...]:
     """Every check that needs no GPU, then devices; returns (T, B, H, n, v)."""
     if step not in STEPS:
         raise ValueError(f"step must be one of {STEPS}, got {step!r}")
@@ -57,6 +64,8 @@ def validate_call(q, k, v, decay, beta, h0, step: str, K: int) -> tuple[int, ...
     if not supported(n, vd):
         raise ValueError(f"the matrix kernels take n and v in {SIZES}, got n={n}, v={vd}; "
                          "use backend='reference' for other sizes")
+    if group not in groups(vd):
+        raise ValueError(f"group (threads per value column) must be one of {groups(vd)} at v={vd}, got {group!r}")
     validate.size_limit("T * B * H * v", T * B * H * vd)
     validate.dtypes({"q": q, "k": k, "v": v}, DTYPES)
     validate.dtypes({"decay": decay}, STATE_DTYPES)
@@ -71,7 +80,7 @@ def checkpoints(T: int, K: int) -> int:
     return -(-T // K)
 
 
-def forward(q, k, v, decay, beta, h0, step: str, K: int):
+def forward(q, k, v, decay, beta, h0, step: str, K: int, group: int = 0):
     """The raw forward on validated, contiguous inputs (decay, beta, h0 float32):
     (o, S_T, ckpt), allocated by `extension.empty` (NaN inside `extension.poisoned()`)."""
     T, B, H, n = k.shape
@@ -79,27 +88,27 @@ def forward(q, k, v, decay, beta, h0, step: str, K: int):
     o = ops.empty((T, B, H, vd), v)
     S_T = ops.empty((B, H, n, vd), h0)
     ckpt = ops.empty((checkpoints(T, K), B, H, n, vd), h0)
-    _ext().forward(q, k, v, decay, beta, h0, o, S_T, ckpt, STEPS.index(step), K)
+    _ext().forward(q, k, v, decay, beta, h0, o, S_T, ckpt, STEPS.index(step), K, group)
     return o, S_T, ckpt
 
 
-def backward(q, k, v, decay, beta, ckpt, d_o, d_ST, step: str, K: int):
+def backward(q, k, v, decay, beta, ckpt, d_o, d_ST, step: str, K: int, group: int = 0):
     """The raw backward: (dq, dk, dv, d_decay, d_beta or None, dh0)."""
     dq, dk, dv = ops.empty(q.shape, q), ops.empty(k.shape, k), ops.empty(v.shape, v)
     dd, dh0 = ops.empty(decay.shape, decay), ops.empty(d_ST.shape, d_ST)
     db = None if beta is None else ops.empty(beta.shape, beta)
     _ext().backward(q, k, v, decay, beta, ckpt, d_o, d_ST, dq, dk, dv, dd, db, dh0,
-                    STEPS.index(step), K)
+                    STEPS.index(step), K, group)
     return dq, dk, dv, dd, db, dh0
 
 
 class _Recurrence(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, decay, beta, h0, step, K):
+    def forward(ctx, q, k, v, decay, beta, h0, step, K, group):
         q, k, v = (validate.aligned(validate.contiguous(t)) for t in (q, k, v))
-        o, S_T, ckpt = forward(q, k, v, decay, beta, h0, step, K)
+        o, S_T, ckpt = forward(q, k, v, decay, beta, h0, step, K, group)
         ctx.save_for_backward(q, k, v, decay, beta, ckpt)
-        ctx.step, ctx.K = step, K
+        ctx.step, ctx.K, ctx.group = step, K, group
         return o, S_T
 
     @staticmethod
@@ -107,13 +116,15 @@ class _Recurrence(torch.autograd.Function):
         q, k, v, decay, beta, ckpt = ctx.saved_tensors
         d_o = torch.zeros_like(v) if d_o is None else d_o.to(v.dtype).contiguous()
         d_ST = torch.zeros_like(ckpt[0]) if d_ST is None else d_ST.float().contiguous()
-        dq, dk, dv, dd, db, dh0 = backward(q, k, v, decay, beta, ckpt, d_o, d_ST, ctx.step, ctx.K)
-        return dq, dk, dv, dd, db, dh0, None, None
+        dq, dk, dv, dd, db, dh0 = backward(q, k, v, decay, beta, ckpt, d_o, d_ST, ctx.step, ctx.K,
+                                           ctx.group)
+        return dq, dk, dv, dd, db, dh0, None, None, None
 
 
-def recurrence(q, k, v, decay, beta, h0, step: str = "tanh", K: int = CHECKPOINT):
+def recurrence(q, k, v, decay, beta, h0, step: str = "tanh", K: int = CHECKPOINT, group: int = 0):
     """The CUDA recurrence: (o [T, B, H, v] in q's dtype, S_T [B, H, n, v] float32). decay,
-    beta and h0 are computed with in float32 (cast here, differentiably)."""
-    validate_call(q, k, v, decay, beta, h0, step, K)
+    beta and h0 are computed with in float32 (cast here, differentiably). `group` picks the
+    threads per value column (`groups(v)`; 0 = the default)."""
+    validate_call(q, k, v, decay, beta, h0, step, K, group)
     f32 = lambda t: None if t is None else t.float().contiguous()  # noqa: E731
-    return _Recurrence.apply(q, k, v, f32(decay), f32(beta), f32(h0), step, K)
+    return _Recurrence.apply(q, k, v, f32(decay), f32(beta), f32(h0), step, K, group)
