@@ -160,18 +160,10 @@ def test_reference_checks_low_rank():
         assert "| pass |" in table
 
 
-def test_e23_state_carries():
-    """E23's whole sequence equals T single steps carrying (w, tape)."""
-    e = registry.get("23")
-    kw = {k: v.detach() for k, v in inputs.reference_inputs(
-        e.reference, Shape(5, 2, 6, None, 4), "cpu", torch.Generator().manual_seed(0)).items()}
-    out, w_T, tape_T = e.reference(**kw)
-    w, tape, outs = kw["h0"], kw["tape0"], []
-    for t in range(5):
-        o, w, tape = e.reference(**{**kw, "x": kw["x"][t:t + 1], "z": kw["z"][t:t + 1],
-                                    "h0": w, "tape0": tape})
-        outs.append(o)
-    assert torch.allclose(torch.cat(outs), out) and torch.allclose(w, w_T) and torch.allclose(tape, tape_T)
+@pytest.mark.parametrize("level", LEVELS)
+def test_sequence_equals_steps_carrying_every_state(level):
+    """The whole sequence equals T single steps carrying the state (E23: w and the tape)."""
+    assert inputs.sequence_check(registry.get(level).reference) < 1e-12
 
 
 def test_validation_before_launch():
