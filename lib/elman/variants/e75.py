@@ -95,7 +95,7 @@ class E75(nn.Module):
         beta = torch.sigmoid(x.to(acc) @ self.w_beta.to(acc).t() + self.b_beta.to(acc).reshape(-1))
         shape = (T, B, H, n)
         k = l2_normalize(k.reshape(shape))
-        S0 = y.new_zeros(B, H, n, n, dtype=acc) if h0 is None else h0
+        S0 = y.new_zeros(B, H, n, n, dtype=acc) if h0 is None else h0.to(acc)
         o, S = cell(q.reshape(shape), k, v.reshape(shape), beta.reshape(shape), S0, self.backend,
                     self.checkpoint)
         o = o.to(dt)

@@ -187,9 +187,8 @@ class E88(nn.Module):
         alpha = self.decay(yt)
         acc = alpha.dtype
         beta = None if self.w_w is None else torch.sigmoid(yt.to(acc) @ self.w_w.to(acc).t())
-        S0 = y.new_zeros(B, H, n, v, dtype=acc) if h0 is None else h0
-        o, S = core(q, k, val, alpha.to(S0.dtype), None if beta is None else beta.to(S0.dtype),
-                    S0, self.linear_state, self.backend, self.checkpoint)
+        S0 = y.new_zeros(B, H, n, v, dtype=acc) if h0 is None else h0.to(acc)
+        o, S = core(q, k, val, alpha, beta, S0, self.linear_state, self.backend, self.checkpoint)
         o = o.to(dt)
         if self.D is not None:
             o = o + self.D.to(dt) * val
