@@ -1,7 +1,7 @@
 """E63 a/b/c/d on the GPU (skipped without CUDA; the registry-wide parity of every path and
 dtype is tests/test_parity_gpu.py): the compiled op against the PyTorch statement of its
 schedule (out, h_all, the stored activations, d_pre, dh0) in fp32 and bf16 on both paths, graph
-against steps bit for bit, each layer on the CUDA backend against its reference backend
+against steps, each layer on the CUDA backend against its reference backend
 (every parameter's gradient), autocast, and the binding's errors before any launch."""
 from __future__ import annotations
 
