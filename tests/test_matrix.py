@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from elman import registry
+
 from elman.core.entry import Shape
 from elman.families.matrix import inputs, op, reference as ref, schedule
 from elman.variants import e75, e88
@@ -155,9 +157,12 @@ def test_e88_rectangular_state():
 def test_level_names():
     names = {e.name for e in e88.ENTRIES} | {e.name for e in e75.ENTRIES}
     for level in ("E88", "E88f_h32n16", "E88f_h24n24", "E88e_h8_75m", "E88b_nonorm", "E88d_h12",
-                  "E88d_h20", "E88f_h4", "E88f_h6", "75", "75n32", "75n48", "75n64", "75n96",
+                  "E88d_h20", "E88f_h4", "E88f_h6", "E75", "E75n32", "E75n48", "E75n64", "E75n96",
                   "E88h83n32", "E75h4n32"):
         assert level in names
+    for level in ("75", "75n32", "75n48", "75n64", "75n96", "88", "E88h6n48", "E75h3n48"):
+        assert registry.get(level).name in {level, "E" + level, *names} | {level.upper()}
+    assert registry.get("e88h6n48").name == "E88h6n48" and registry.get("75").name == "E75"
     assert e88.level_options("E88h7n24") == dict(n_heads=7, n_state=24)
     assert e88.level_options("e88h5") == dict(n_heads=5, n_state=32)
     assert e88.level_options("E88f_h24n24")["n_heads"] == 24

@@ -33,9 +33,14 @@ for _module in (*_variants.MODULES, *_baselines.MODULES):
 
 
 def get(level: str | int) -> Entry:
-    """The entry for a level name or alias (`"E1"`, `"1"`, `1`, `"mamba2"`)."""
+    """The entry for a level name or alias (`"E1"`, `"1"`, `1`, `"mamba2"`), or a pattern name
+    that a variant module's `entry_for` builds (`"E88h6n48"`)."""
     key = _ALIASES.get(str(level).lower())
-    if key is None:
+    if key is None:  # a pattern name a variant module builds on demand (E88h{H}n{N}, E75h{H}n{N})
+        for module in _variants.MODULES:
+            build = getattr(module, "entry_for", None)
+            if build is not None and (entry := build(str(level))) is not None:
+                return entry
         known = ", ".join(e.name for e in entries())
         raise KeyError(f"unknown level {level!r}; registered levels: {known}")
     return _REGISTRY[key]

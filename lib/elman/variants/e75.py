@@ -116,8 +116,8 @@ MULTI = ((4, 16), (4, 24), (4, 32), (8, 16), (8, 24))       # the 100M standard 
 
 
 def level_options(level: str) -> dict:
-    """Options of '75', '75n{N}' or any 'E75h{H}n{N}' (a missing n means 32)."""
-    m = re.fullmatch(r"75(?:n(\d+))?", level)
+    """Options of 'E75' / '75', 'E75n{N}' / '75n{N}' or any 'E75h{H}n{N}' (a missing n means 32)."""
+    m = re.fullmatch(r"(?:e)?75(?:n(\d+))?", level, re.IGNORECASE)
     if m:
         return dict(n_heads=1, n_state=int(m.group(1) or 64))
     m = _PATTERN.fullmatch(level)
@@ -153,11 +153,13 @@ def entry_for(level: str) -> Entry | None:
         opts = level_options(level)
     except ValueError:
         return None
-    name = level if re.fullmatch(r"75(?:n\d+)?", level) else f"E75h{opts['n_heads']}n{opts['n_state']}"
-    return _entry(name, opts)
+    if opts["n_heads"] == 1 and _PATTERN.fullmatch(level) is None:
+        n = opts["n_state"]
+        return _entry("E75" if n == 64 and level.lower() in ("75", "e75") else f"E75n{n}", opts)
+    return _entry(f"E75h{opts['n_heads']}n{opts['n_state']}", opts)
 
 
 ENTRIES = (
-    *(_entry(name, dict(n_heads=1, n_state=n), ("E75",) if name == "75" else ()) for name, n in SINGLE.items()),
+    *(_entry("E" + name, dict(n_heads=1, n_state=n), (name,)) for name, n in SINGLE.items()),
     *(_entry(f"E75h{H}n{N}", dict(n_heads=H, n_state=N)) for H, N in MULTI),
 )

@@ -21,7 +21,7 @@ from . import inputs, op
 
 # Every matrix level's core runs the same op; these stand for the family in `elman bench` (the
 # generic E88 and E75 levels and the seed study's 480M E88 geometry), which keeps the run short.
-CELL_LEVELS = ("E88", "E88h83n32", "75", "E75h4n32")
+CELL_LEVELS = ("E88", "E88h83n32", "E75", "E75h4n32")
 
 
 def has_cell(entry: Entry) -> bool:
