@@ -332,6 +332,55 @@ void tape_persistent_forward(const at::Tensor& wx, const at::Tensor& z, const at
                      "tape persistent forward");
 }
 
+// ---- E23's persistent backward --------------------------------------------------------------
+std::tuple<bool, std::string> tape_persistent_backward_supported(int64_t B, int64_t D, int64_t N,
+                                                                 int64_t interval, bool bf16) {
+  if (B < 1 || D < 1 || N < 1 || interval < 1) return {false, "B, D, N and K must be at least 1"};
+  if (B * N * D >= (int64_t(1) << 31)) return {false, "too large"};
+  const auto plan = elman::tape_persistent_backward_plan(int(B), int(D), int(N), int(interval), bf16);
+  return {plan.ok, std::string(plan.reason)};
+}
+
+void tape_persistent_backward(const at::Tensor& z, const at::Tensor& w_h, const at::Tensor& w_wr,
+                              const at::Tensor& w_all, const at::Tensor& u_all,
+                              const at::Tensor& ckpt, const at::Tensor& d_out,
+                              const at::Tensor& d_hT, const at::Tensor& d_tapeT, at::Tensor& d_pre,
+                              at::Tensor& d_u, at::Tensor& d_z, at::Tensor& dh0,
+                              at::Tensor& d_tape0, int64_t interval) {
+  const auto check = elman::check::leading(d_out, "d_out", 3, "[T, B, D]", {at::kFloat, at::kBFloat16});
+  const int64_t T = d_out.size(0), B = d_out.size(1), D = d_out.size(2);
+  if (interval < 1) value_error("the checkpoint interval must be at least 1, got " + num(interval));
+  const auto t = tape_sizes(d_tapeT, "d_tapeT");
+  (void)t;
+  const int64_t N = d_tapeT.size(1);
+  for (const auto& [x, name] : {std::pair<const at::Tensor&, const char*>{z, "z"}, {u_all, "u_all"},
+                               {d_pre, "d_pre"}, {d_u, "d_u"}, {d_z, "d_z"}})
+    check(x, name, {T, B, D});
+  check(w_h, "W_h", {D, D});
+  check(w_wr, "W_wr", {D, D});
+  check(w_all, "w_all", {T + 1, B, D});
+  check(ckpt, "ckpt", {(T + interval - 1) / interval, B, N, D});
+  check(d_hT, "d_hT", {B, D});
+  check(dh0, "dh0", {B, D});
+  check_fp32_tape(d_tapeT, d_out, B, N, D);
+  check_fp32_tape(d_tape0, d_out, B, N, D);
+  const bool bf16 = d_out.scalar_type() == at::kBFloat16;
+  const auto plan = elman::tape_persistent_backward_plan(int(B), int(D), int(N), int(interval), bf16);
+  if (!plan.ok)
+    value_error("the persistent backward does not take B = " + num(B) + ", D = " + num(D) + ", N = " +
+                num(N) + ", K = " + num(interval) + ": " + plan.reason + "; use path='graph' or 'steps'");
+  const c10::cuda::CUDAGuard guard(d_out.device());
+  elman::TapePersistentBackward a = {};
+  a.steps = int(T); a.batch = int(B); a.dim = int(D); a.slots = int(N); a.interval = int(interval);
+  a.z = z.data_ptr(); a.w_h = w_h.data_ptr(); a.w_wr = w_wr.data_ptr(); a.w_all = w_all.data_ptr();
+  a.u_all = u_all.data_ptr(); a.ckpt = ckpt.data_ptr(); a.d_out = d_out.data_ptr();
+  a.d_hT = d_hT.data_ptr(); a.d_tapeT = d_tapeT.data_ptr<float>(); a.d_pre = d_pre.data_ptr();
+  a.d_u = d_u.data_ptr(); a.d_z = d_z.data_ptr(); a.dh0 = dh0.data_ptr();
+  a.d_tape0 = d_tape0.data_ptr<float>();
+  a.stream = at::cuda::getCurrentCUDAStream();
+  elman::check::cuda(elman::tape_persistent_backward<__nv_bfloat16>(plan, a), "tape persistent backward");
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -352,5 +401,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("lowrank_persistent_backward", &lowrank_persistent_backward);
   m.def("tape_persistent_supported", &tape_persistent_supported);
   m.def("tape_persistent_forward", &tape_persistent_forward);
+  m.def("tape_persistent_backward_supported", &tape_persistent_backward_supported);
+  m.def("tape_persistent_backward", &tape_persistent_backward);
   m.attr("max_slots") = elman::kMaxSlots;
 }

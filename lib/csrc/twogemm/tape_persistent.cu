@@ -28,47 +28,17 @@
 #include "common/cluster.cuh"
 #include "common/math.cuh"
 #include "twogemm/stage.cuh"
+#include "twogemm/tape_cluster.cuh"
 #include "twogemm/twogemm.h"
-#include "twogemm/warp.cuh"
 
 namespace elman {
 namespace {
 
-namespace cg = cooperative_groups;
+using namespace tape_cluster;
 
-constexpr int kThreads = 256;
-constexpr int kBC = kTapeColumns;
-constexpr int kSmemBudget = 200 * 1024;
-
-int tape_smem(int dim, int slots, int cluster, int elem) {
+int tape_smem(int dim, int slots, int cluster) {
   const int s = (dim + cluster - 1) / cluster;
-  return 4 * kBC * (4 * slots + 2 * s + dim + slots * s) + 2 * dim * s * elem;
-}
-
-// Warp j < nb: prob[j][n] = softmax_n(scale * sum over ranks of part[j][n]) (peers' buffers).
-__device__ void softmax_of_partials(const cg::cluster_group& cluster, int C, int nb, int slots,
-                                    float scale, float* part, float* prob) {
-  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
-  if (warp >= nb) return;
-  float* pr = prob + warp * slots;
-  for (int n = lane; n < slots; n += 32) {
-    float sum = 0.f;
-    for (int cc = 0; cc < C; ++cc) sum += cluster.map_shared_rank(part, cc)[warp * slots + n];
-    pr[n] = scale * sum;
-  }
-  softmax_warp(pr, slots, lane);
-}
-
-// dst[j][n] = sum_{i < rows} tape[j][n][i] w[j * stride + i] (zero for columns j >= nb).
-__device__ __forceinline__ void partial_scores(float* dst, const float* tape, const float* w,
-                                               int stride, int nb, int slots, int S, int rows) {
-  for (int o = threadIdx.x; o < kBC * slots; o += kThreads) {
-    const int j = o / slots;
-    float acc = 0.f;
-    if (j < nb)
-      for (int i = 0; i < rows; ++i) acc += tape[o * S + i] * w[j * stride + i];
-    dst[o] = acc;
-  }
+  return 4 * kBC * (4 * slots + 2 * s + dim + slots * s) + 2 * dim * s * 2;
 }
 
 template <typename T>
@@ -188,10 +158,9 @@ LowRankPlan tape_persistent_plan(int batch, int dim, int slots, bool bf16) {
     plan.reason = "the persistent kernels are bf16 only";
     return plan;
   }
-  const int elem = 2;
   for (const int cluster : {16, 8}) {
     if (dim < cluster) continue;
-    const int smem = tape_smem(dim, slots, cluster, elem);
+    const int smem = tape_smem(dim, slots, cluster);
     if (smem > kSmemBudget) continue;
     auto k = tape_persistent_kernel<__nv_bfloat16>;
     int active = 0;

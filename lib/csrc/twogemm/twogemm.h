@@ -130,4 +130,30 @@ LowRankPlan tape_persistent_plan(int batch, int dim, int slots, bool bf16);
 template <typename T>
 cudaError_t tape_persistent_forward(const LowRankPlan& plan, const TapePersistent& a);
 
+// E23's persistent backward: per segment of K steps it recomputes the segment's tapes from
+// the checkpoint into shared memory, then runs the steps backward (tape_persistent_backward.cu).
+struct TapePersistentBackward {
+  int steps, batch, dim, slots, interval;
+  const void* z;        // [T][B][D]
+  const void* w_h;      // [D][D]
+  const void* w_wr;     // [D][D]
+  const void* w_all;    // [T+1][B][D]
+  const void* u_all;    // W_wr w_t for t = 1..T: [T][B][D]
+  const void* ckpt;     // [ceil(T/K)][B][N][D]
+  const void* d_out;    // [T][B][D]
+  const void* d_hT;     // [B][D]
+  const float* d_tapeT; // [B][N][D]
+  void* d_pre;          // [T][B][D]
+  void* d_u;            // [T][B][D]
+  void* d_z;            // [T][B][D]
+  void* dh0;            // [B][D]
+  float* d_tape0;       // [B][N][D]
+  cudaStream_t stream;
+};
+
+LowRankPlan tape_persistent_backward_plan(int batch, int dim, int slots, int interval, bool bf16);
+
+template <typename T>
+cudaError_t tape_persistent_backward(const LowRankPlan& plan, const TapePersistentBackward& a);
+
 }  // namespace elman

@@ -20,10 +20,11 @@ r-wide partial sums of V h and of d_pre U; lib/csrc/twogemm/persistent.cu), `ste
 loop launched from the stream), `graph` (the same loop captured once per shape in a CUDA
 graph and replayed on static buffers) and `auto` (the persistent kernel where it takes the
 size, else `graph`, or `steps` while the stream is itself being captured). E23's persistent
-kernel is a forward (lib/csrc/twogemm/tape_persistent.cu: W_h, W_wr and the tape's columns
-on chip, the N-wide scores and the D-wide w exchanged); its backward is the per-step loop on
-the checkpoints the persistent forward writes. `path="persistent"` raises where the kernel
-does not take the size. `last_path` says what ran. Every input goes through
+forward (lib/csrc/twogemm/tape_persistent.cu) keeps W_h, W_wr and the tape's columns on chip
+and exchanges the N-wide scores and the D-wide w; its persistent backward
+(tape_persistent_backward.cu) recomputes each segment's tapes on chip from the checkpoints
+the forward writes; where a segment's tapes do not fit, the backward is the graph loop.
+`path="persistent"` raises where the forward kernel does not take the size. `last_path` says what ran. Every input goes through
 elman.core.validate before the extension is loaded.
 """
 from __future__ import annotations
@@ -342,14 +343,22 @@ class TapeCell(torch.autograd.Function):
         d_pre, d_u, d_z = (ops.empty((T, B, D), x) for _ in range(3))
         dh0 = ops.empty((B, D), x)
         d_tape0 = ops.empty(tuple(ckpt.shape[1:]), x, sd)
-        # the tape's backward is the per-step loop on every path (after a persistent forward too)
-        path = "steps" if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing() \
-            else ("graph" if ctx.path == "persistent" else ctx.path)
-        st, K = ctx.st, ctx.K
-        _run(path, "tape_backward", K, lambda **kw: tape_backward_loop(st, K, **kw),
-             dict(z=z, w_h=w_h, w_wr=w_wr, w_all=w_all, ckpt=ckpt, d_out=d_out, d_hT=d_hT,
-                  d_tapeT=d_tapeT),
-             dict(d_pre=d_pre, d_u=d_u, d_z=d_z, dh0=dh0, d_tape0=d_tape0))
+        st, K, N = ctx.st, ctx.K, ckpt.shape[2]
+        capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+        if ctx.path == "persistent":  # the persistent backward where it fits, else the graph loop
+            ok, _ = _ext().tape_persistent_backward_supported(B, D, N, K, dt == torch.bfloat16)
+            path = "persistent" if ok else ("steps" if capturing else "graph")
+        else:
+            path = "steps" if ctx.path == "graph" and capturing else ctx.path
+        if path == "persistent":
+            u_all = (w_all[1:].reshape(T * B, D) @ w_wr.t()).view(T, B, D)
+            _ext().tape_persistent_backward(z, w_h, w_wr, w_all, u_all, ckpt, d_out, d_hT, d_tapeT,
+                                            d_pre, d_u, d_z, dh0, d_tape0, K)
+        else:
+            _run(path, "tape_backward", K, lambda **kw: tape_backward_loop(st, K, **kw),
+                 dict(z=z, w_h=w_h, w_wr=w_wr, w_all=w_all, ckpt=ckpt, d_out=d_out, d_hT=d_hT,
+                      d_tapeT=d_tapeT),
+                 dict(d_pre=d_pre, d_u=d_u, d_z=d_z, dh0=dh0, d_tape0=d_tape0))
         last_path["backward"] = path
         dp2 = d_pre.view(T * B, D)
         dw_h = dp2.t() @ w_all[:T].reshape(T * B, D)
