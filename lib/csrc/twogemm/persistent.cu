@@ -19,6 +19,7 @@
 
 #include "common/cluster.cuh"
 #include "common/math.cuh"
+#include "twogemm/launch.cuh"
 #include "twogemm/stage.cuh"
 #include "twogemm/twogemm.h"
 
@@ -27,9 +28,8 @@ namespace {
 
 namespace cg = cooperative_groups;
 
-constexpr int kThreads = 256;
+constexpr int kThreads = kLaunchThreads;
 constexpr int kBC = kPersistentColumns;
-constexpr int kSmemBudget = 200 * 1024;
 
 int rows_per_cta(int dim, int cluster) { return (dim + cluster - 1) / cluster; }
 
@@ -215,18 +215,6 @@ __global__ void __launch_bounds__(kThreads) lowrank_persistent_backward_kernel(L
   cluster.sync();  // no CTA leaves while a peer may still read its partials
 }
 
-using Kernel = void (*)(LowRankPersistent);
-
-template <typename T>
-cudaError_t launch(Kernel k, const LowRankPlan& plan, const LowRankPersistent& a) {
-  cudaError_t e = allow_cluster_launch(k, plan.smem, plan.cluster);
-  if (e != cudaSuccess) return e;
-  cudaLaunchAttribute attr[1];
-  const cudaLaunchConfig_t cfg =
-      cluster_launch_config(plan.cluster, plan.clusters, kThreads, plan.smem, a.stream, attr);
-  return cudaLaunchKernelEx(&cfg, k, a);
-}
-
 }  // namespace
 
 LowRankPlan lowrank_persistent_plan(int batch, int dim, int rank, bool bf16) {
@@ -239,45 +227,24 @@ LowRankPlan lowrank_persistent_plan(int batch, int dim, int rank, bool bf16) {
     plan.reason = "the persistent kernels are bf16 only";
     return plan;
   }
-  const int elem = 2;
-  for (const int cluster : {8, 16}) {
-    if (dim < cluster) continue;
-    const int smem = max(smem_bytes(dim, rank, cluster, elem, false),
-                         smem_bytes(dim, rank, cluster, elem, true));
-    if (smem > kSmemBudget) continue;
-    Kernel kernels[2] = {lowrank_persistent_forward_kernel<__nv_bfloat16>,
-                         lowrank_persistent_backward_kernel<__nv_bfloat16>};
-    bool fits = true;
-    for (Kernel k : kernels) {
-      int active = 0;
-      cudaLaunchAttribute attr[1];
-      const cudaLaunchConfig_t cfg = cluster_launch_config(cluster, 1, kThreads, smem, nullptr, attr);
-      if (allow_cluster_launch(k, smem, cluster) != cudaSuccess ||
-          cudaOccupancyMaxActiveClusters(&active, k, &cfg) != cudaSuccess || active < 1) {
-        cudaGetLastError();
-        fits = false;
-      }
-    }
-    if (!fits) continue;
-    plan.ok = true;
-    plan.cluster = cluster;
-    plan.clusters = (batch + kBC - 1) / kBC;
-    plan.smem = smem;
-    return plan;
-  }
-  plan.reason = dim < 8 ? "D is below 8 (one state row per CTA of an 8-CTA cluster at least)"
-                        : "the factor slices do not fit one cluster's shared memory at this D and r";
-  return plan;
+  return plan_clusters<void(LowRankPersistent)>(
+      {lowrank_persistent_forward_kernel<__nv_bfloat16>, lowrank_persistent_backward_kernel<__nv_bfloat16>},
+      {8, 16}, batch, dim, kBC,
+      [&](int cluster) {
+        return max(smem_bytes(dim, rank, cluster, 2, false), smem_bytes(dim, rank, cluster, 2, true));
+      },
+      dim < 8 ? "D is below 8 (one state row per CTA of an 8-CTA cluster at least)"
+              : "the factor slices do not fit one cluster's shared memory at this D and r");
 }
 
 template <typename T>
 cudaError_t lowrank_persistent_forward(const LowRankPlan& plan, const LowRankPersistent& a) {
-  return launch<T>(lowrank_persistent_forward_kernel<T>, plan, a);
+  return launch_clusters(lowrank_persistent_forward_kernel<T>, plan, a);
 }
 
 template <typename T>
 cudaError_t lowrank_persistent_backward(const LowRankPlan& plan, const LowRankPersistent& a) {
-  return launch<T>(lowrank_persistent_backward_kernel<T>, plan, a);
+  return launch_clusters(lowrank_persistent_backward_kernel<T>, plan, a);
 }
 
 template cudaError_t lowrank_persistent_forward<__nv_bfloat16>(const LowRankPlan&, const LowRankPersistent&);

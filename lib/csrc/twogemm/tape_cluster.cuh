@@ -4,6 +4,7 @@
 
 #include <cooperative_groups.h>
 
+#include "twogemm/launch.cuh"
 #include "twogemm/twogemm.h"
 #include "twogemm/warp.cuh"
 
@@ -12,9 +13,8 @@ namespace tape_cluster {
 
 namespace cg = cooperative_groups;
 
-constexpr int kThreads = 256;
+constexpr int kThreads = kLaunchThreads;
 constexpr int kBC = kTapeColumns;
-constexpr int kSmemBudget = 200 * 1024;
 
 // Warp j < nb: prob[j][n] = softmax_n(scale * sum over ranks of part[j][n]) (peers' buffers).
 __device__ inline void softmax_of_partials(const cg::cluster_group& cluster, int C, int nb, int slots,

@@ -27,6 +27,7 @@
 
 #include "common/cluster.cuh"
 #include "common/math.cuh"
+#include "twogemm/launch.cuh"
 #include "twogemm/stage.cuh"
 #include "twogemm/tape_cluster.cuh"
 #include "twogemm/twogemm.h"
@@ -158,38 +159,15 @@ LowRankPlan tape_persistent_plan(int batch, int dim, int slots, bool bf16) {
     plan.reason = "the persistent kernels are bf16 only";
     return plan;
   }
-  for (const int cluster : {16, 8}) {
-    if (dim < cluster) continue;
-    const int smem = tape_smem(dim, slots, cluster);
-    if (smem > kSmemBudget) continue;
-    auto k = tape_persistent_kernel<__nv_bfloat16>;
-    int active = 0;
-    cudaLaunchAttribute attr[1];
-    const cudaLaunchConfig_t cfg = cluster_launch_config(cluster, 1, kThreads, smem, nullptr, attr);
-    if (allow_cluster_launch(k, smem, cluster) != cudaSuccess ||
-        cudaOccupancyMaxActiveClusters(&active, k, &cfg) != cudaSuccess || active < 1) {
-      cudaGetLastError();
-      continue;
-    }
-    plan.ok = true;
-    plan.cluster = cluster;
-    plan.clusters = (batch + kBC - 1) / kBC;
-    plan.smem = smem;
-    return plan;
-  }
-  plan.reason = "W_h, W_wr and the tape slices do not fit one cluster's shared memory at this D and N";
-  return plan;
+  return plan_clusters<void(TapePersistent)>(
+      {tape_persistent_kernel<__nv_bfloat16>}, {16, 8}, batch, dim, kBC,
+      [&](int cluster) { return tape_smem(dim, slots, cluster); },
+      "W_h, W_wr and the tape slices do not fit one cluster's shared memory at this D and N");
 }
 
 template <typename T>
 cudaError_t tape_persistent_forward(const LowRankPlan& plan, const TapePersistent& a) {
-  auto k = tape_persistent_kernel<T>;
-  cudaError_t e = allow_cluster_launch(k, plan.smem, plan.cluster);
-  if (e != cudaSuccess) return e;
-  cudaLaunchAttribute attr[1];
-  const cudaLaunchConfig_t cfg =
-      cluster_launch_config(plan.cluster, plan.clusters, kThreads, plan.smem, a.stream, attr);
-  return cudaLaunchKernelEx(&cfg, k, a);
+  return launch_clusters(tape_persistent_kernel<T>, plan, a);
 }
 
 template cudaError_t tape_persistent_forward<__nv_bfloat16>(const LowRankPlan&, const TapePersistent&);

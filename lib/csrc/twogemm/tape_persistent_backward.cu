@@ -23,6 +23,7 @@
 
 #include "common/cluster.cuh"
 #include "common/math.cuh"
+#include "twogemm/launch.cuh"
 #include "twogemm/stage.cuh"
 #include "twogemm/tape_cluster.cuh"
 #include "twogemm/twogemm.h"
@@ -240,38 +241,15 @@ LowRankPlan tape_persistent_backward_plan(int batch, int dim, int slots, int int
     plan.reason = "B, D, K must be at least 1 and 1 <= N <= 256";
     return plan;
   }
-  for (const int cluster : {16, 8}) {
-    if (dim < cluster) continue;
-    const int smem = backward_smem(dim, slots, cluster, interval);
-    if (smem > kSmemBudget) continue;
-    auto k = tape_backward_kernel<__nv_bfloat16>;
-    int active = 0;
-    cudaLaunchAttribute attr[1];
-    const cudaLaunchConfig_t cfg = cluster_launch_config(cluster, 1, kThreads, smem, nullptr, attr);
-    if (allow_cluster_launch(k, smem, cluster) != cudaSuccess ||
-        cudaOccupancyMaxActiveClusters(&active, k, &cfg) != cudaSuccess || active < 1) {
-      cudaGetLastError();
-      continue;
-    }
-    plan.ok = true;
-    plan.cluster = cluster;
-    plan.clusters = (batch + kBC - 1) / kBC;
-    plan.smem = smem;
-    return plan;
-  }
-  plan.reason = "W_h, W_wr and a segment of tapes do not fit one cluster's shared memory";
-  return plan;
+  return plan_clusters<void(TapePersistentBackward)>(
+      {tape_backward_kernel<__nv_bfloat16>}, {16, 8}, batch, dim, kBC,
+      [&](int cluster) { return backward_smem(dim, slots, cluster, interval); },
+      "W_h, W_wr and a segment of tapes do not fit one cluster's shared memory");
 }
 
 template <typename T>
 cudaError_t tape_persistent_backward(const LowRankPlan& plan, const TapePersistentBackward& a) {
-  auto k = tape_backward_kernel<T>;
-  cudaError_t e = allow_cluster_launch(k, plan.smem, plan.cluster);
-  if (e != cudaSuccess) return e;
-  cudaLaunchAttribute attr[1];
-  const cudaLaunchConfig_t cfg =
-      cluster_launch_config(plan.cluster, plan.clusters, kThreads, plan.smem, a.stream, attr);
-  return cudaLaunchKernelEx(&cfg, k, a);
+  return launch_clusters(tape_backward_kernel<T>, plan, a);
 }
 
 template cudaError_t tape_persistent_backward<__nv_bfloat16>(const LowRankPlan&,
