@@ -34,13 +34,14 @@ cudaError_t delta_steps_forward(cublasHandle_t handle, const DeltaForward& a) {
   T* act = static_cast<T*>(a.act);
   const float one = 1.f, zero = 0.f;
   cudaError_t err = cudaMemcpyAsync(h_all, a.h0, n * sizeof(T), cudaMemcpyDeviceToDevice, a.stream);
+  if (err == cudaSuccess) err = delta_convert<T>(a.stream, int(n), static_cast<const T*>(a.h0), a.state);
   for (int t = 0; t < a.steps && err == cudaSuccess; ++t) {
     // q [B][R D] = h_{t-1} W_rec^T: column-major, q^T = op_T(W_rec as D x R D) h^T.
     err = status(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, R * D, B, D, &one, w, cuda_type<T>(),
                               D, h_all + t * n, cuda_type<T>(), D, &zero, a.q, CUDA_R_32F, R * D,
                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     if (err == cudaSuccess)
-      err = delta_step_forward<T>(a.stream, a.mode, B, D, a.q, pre + t * np, h_all + t * n,
+      err = delta_step_forward<T>(a.stream, a.mode, B, D, a.q, pre + t * np, a.state,
                                   h_all + (t + 1) * n, out + t * n, act + t * np);
   }
   return err;

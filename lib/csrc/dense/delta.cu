@@ -1,6 +1,10 @@
 // The nonlinear-delta step kernels (E63 a/b/c/d, delta.h): one thread per element of the
 // [B, D] state, templated on the mode so each kernel reads only the channels its mode has.
-// Activations use the accurate tanhf/expf: the fp32 parity tolerance is 1e-5.
+// Activations use the accurate tanhf/expf: the fp32 parity tolerance is 1e-5. The forward
+// keeps the state's elementwise chain in an fp32 copy and stores the pre-activations, from
+// which the backward recomputes the activations: in bf16, 1 - v^2 of a stored saturated
+// tanh loses most of its digits, and E63d's state, which no gate contracts, would add one
+// bf16 rounding per step.
 #include <cuda_bf16.h>
 
 #include "common/math.cuh"
@@ -20,28 +24,30 @@ __device__ __forceinline__ float sigmoid_exact(float x) { return 1.f / (1.f + ex
 
 template <typename T, int Mode>
 __global__ void step_forward(int n, int dim, const float* __restrict__ q, const T* __restrict__ pre,
-                             const T* __restrict__ h_prev, T* __restrict__ h, T* __restrict__ out,
+                             float* __restrict__ state, T* __restrict__ h, T* __restrict__ out,
                              T* __restrict__ act) {
   using M = DeltaMode<Mode>;
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const int row = i / dim, j = i - row * dim;
   const size_t p = size_t(row) * M::G * dim + j, r = size_t(row) * M::R * dim + j;
-  const float v = tanhf(to_float(pre[p]) + q[r]);
-  const float alpha = sigmoid_exact(to_float(pre[p + dim]) + (M::R == 3 ? q[r + dim] : 0.f));
-  const float hp = to_float(h_prev[i]);
+  const float zv = to_float(pre[p]) + q[r];
+  const float za = to_float(pre[p + dim]) + (M::R == 3 ? q[r + dim] : 0.f);
+  const float v = tanhf(zv), alpha = sigmoid_exact(za);
+  const float hp = state[i];
   float hv;
   if (Mode == 0) {
     hv = alpha * hp + (1.f - alpha) * v;
   } else if (Mode == 3) {
     hv = hp + alpha * v;
   } else {
-    const float beta = sigmoid_exact(to_float(pre[p + 2 * dim]) + (M::R == 3 ? q[r + 2 * dim] : 0.f));
-    hv = alpha * hp + beta * v;
-    act[p + 2 * dim] = from_float<T>(beta);
+    const float zb = to_float(pre[p + 2 * dim]) + (M::R == 3 ? q[r + 2 * dim] : 0.f);
+    hv = alpha * hp + sigmoid_exact(zb) * v;
+    act[p + 2 * dim] = from_float<T>(zb);
   }
-  act[p] = from_float<T>(v);
-  act[p + dim] = from_float<T>(alpha);
+  act[p] = from_float<T>(zv);
+  act[p + dim] = from_float<T>(za);
+  state[i] = hv;
   h[i] = from_float<T>(hv);
   out[i] = from_float<T>(hv * hv * sigmoid_exact(hv));
 }
@@ -60,7 +66,7 @@ __global__ void step_backward(int n, int dim, float* __restrict__ carry, const T
   const float hv = to_float(h[i]), hp = to_float(h_prev[i]);
   const float s = sigmoid_exact(hv);
   const float dh = carry[i] + to_float(d_out[i]) * s * (2.f * hv + hv * hv * (1.f - s));
-  const float v = to_float(act[p]), alpha = to_float(act[p + dim]);
+  const float v = tanhf(to_float(act[p])), alpha = sigmoid_exact(to_float(act[p + dim]));
   float dv, d_alpha, direct = dh * alpha;
   if (Mode == 0) {
     dv = dh * (1.f - alpha);
@@ -70,7 +76,7 @@ __global__ void step_backward(int n, int dim, float* __restrict__ carry, const T
     d_alpha = dh * v;
     direct = dh;
   } else {
-    const float beta = to_float(act[p + 2 * dim]);
+    const float beta = sigmoid_exact(to_float(act[p + 2 * dim]));
     dv = dh * beta;
     d_alpha = dh * hp;
     d_pre[p + 2 * dim] = from_float<T>(dh * v * beta * (1.f - beta));
@@ -101,13 +107,13 @@ int delta_recurrent(int mode) { return mode == 2 ? 3 : mode >= 0 && mode < kDelt
 
 template <typename T>
 cudaError_t delta_step_forward(cudaStream_t s, int mode, int batch, int dim, const float* q,
-                               const T* pre, const T* h_prev, T* h, T* out, T* act) {
+                               const T* pre, float* state, T* h, T* out, T* act) {
   const int n = batch * dim;
   switch (mode) {
-    case 0: step_forward<T, 0><<<blocks(n), kBlock, 0, s>>>(n, dim, q, pre, h_prev, h, out, act); break;
-    case 1: step_forward<T, 1><<<blocks(n), kBlock, 0, s>>>(n, dim, q, pre, h_prev, h, out, act); break;
-    case 2: step_forward<T, 2><<<blocks(n), kBlock, 0, s>>>(n, dim, q, pre, h_prev, h, out, act); break;
-    case 3: step_forward<T, 3><<<blocks(n), kBlock, 0, s>>>(n, dim, q, pre, h_prev, h, out, act); break;
+    case 0: step_forward<T, 0><<<blocks(n), kBlock, 0, s>>>(n, dim, q, pre, state, h, out, act); break;
+    case 1: step_forward<T, 1><<<blocks(n), kBlock, 0, s>>>(n, dim, q, pre, state, h, out, act); break;
+    case 2: step_forward<T, 2><<<blocks(n), kBlock, 0, s>>>(n, dim, q, pre, state, h, out, act); break;
+    case 3: step_forward<T, 3><<<blocks(n), kBlock, 0, s>>>(n, dim, q, pre, state, h, out, act); break;
     default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
@@ -142,7 +148,7 @@ cudaError_t delta_store(cudaStream_t s, int n, const float* src, T* dst) {
 
 #define INSTANTIATE(T)                                                                          \
   template cudaError_t delta_step_forward<T>(cudaStream_t, int, int, int, const float*, const T*, \
-                                             const T*, T*, T*, T*);                             \
+                                             float*, T*, T*, T*);                               \
   template cudaError_t delta_step_backward<T>(cudaStream_t, int, int, int, float*, const T*,     \
                                               const T*, const T*, const T*, T*);                \
   template cudaError_t delta_convert<T>(cudaStream_t, int, const T*, float*);                   \

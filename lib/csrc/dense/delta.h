@@ -9,8 +9,12 @@
 //   out = h * silu(h)
 // Tensors, time-major and contiguous:  pre, act, d_pre : [T, B, G D]  (channels v, alpha, beta)
 //   out, d_out : [T, B, D]   h_all : [T + 1, B, D] (h_all[0] = h0)   w_rec : [R D, D] row-major
-//   h0, d_hT, dh0 : [B, D].  `act` holds the activations (v, alpha, beta) the backward reads.
-// Workspaces are fp32: the forward's q [B, R D], the backward's carried dh [B, D].
+//   h0, d_hT, dh0 : [B, D].  `act` holds the pre-activations (z_v, z_alpha, z_beta) of
+//   v = tanh(z_v), alpha = sigmoid(z_alpha), beta = sigmoid(z_beta); the backward recomputes
+//   the activations from them.
+// Workspaces are fp32: the forward's q [B, R D] and state [B, D] (the elementwise chain of
+// h in fp32; h_all holds it in the tensors' dtype for the GEMM and the backward), the
+// backward's carried dh [B, D].
 #pragma once
 
 #include <cuda_runtime.h>
@@ -34,6 +38,7 @@ struct DeltaForward {
   void* h_all = nullptr;
   void* act = nullptr;
   float* q = nullptr;
+  float* state = nullptr;
 };
 
 struct DeltaBackward {
@@ -50,10 +55,11 @@ struct DeltaBackward {
 };
 
 // One step's fused elementwise kernels (delta.cu). `q` is [B, R D]; the pointers are those of
-// step t (pre, act, out, d_out, d_pre: slice t; h_prev = h_all[t], h = h_all[t + 1]).
+// step t (pre, act, out, d_out, d_pre: slice t; h_prev = h_all[t], h = h_all[t + 1]); the
+// forward reads h_{t-1} from `state` and leaves h_t there.
 template <typename T>
 cudaError_t delta_step_forward(cudaStream_t s, int mode, int batch, int dim, const float* q,
-                               const T* pre, const T* h_prev, T* h, T* out, T* act);
+                               const T* pre, float* state, T* h, T* out, T* act);
 template <typename T>
 cudaError_t delta_step_backward(cudaStream_t s, int mode, int batch, int dim, float* carry,
                                 const T* d_out, const T* h_prev, const T* h, const T* act,

@@ -50,12 +50,14 @@ void delta_forward(int64_t mode, const at::Tensor& pre, const at::Tensor& w_rec,
   check(act, "act", {s.T, s.B, s.G * s.D});
   const c10::cuda::CUDAGuard guard(pre.device());
   at::Tensor q = at::empty({s.B * s.R * s.D}, pre.options().dtype(at::kFloat));
+  at::Tensor state = at::empty({s.B * s.D}, pre.options().dtype(at::kFloat));
   elman::DeltaForward a;
   a.stream = at::cuda::getCurrentCUDAStream();
   a.mode = int(mode); a.steps = int(s.T); a.batch = int(s.B); a.dim = int(s.D);
   a.pre = pre.data_ptr(); a.w_rec = w_rec.data_ptr(); a.h0 = h0.data_ptr();
   a.out = out.data_ptr(); a.h_all = h_all.data_ptr(); a.act = act.data_ptr();
   a.q = q.data_ptr<float>();
+  a.state = state.data_ptr<float>();
   cublasHandle_t handle = at::cuda::getCurrentCUDABlasHandle();
   const cudaError_t e = pre.scalar_type() == at::kFloat
       ? elman::delta_steps_forward<float>(handle, a)

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core import validate
-from ..core.entry import ParityCase
+from ..core.entry import ParityCase, Tolerance
 from ..core.layer import RecurrentLayer, check_backend
 from ..families.dense import delta, inputs
 
@@ -219,11 +219,17 @@ def _parity(reference, cell):
 _TITLE = "Nonlinear delta: gated blend of h and tanh(W_h h + W_x x + b), output h * silu(h)"
 _CHAPTER = "book/chapters/e63_nonlinear_delta.ipynb"
 
+# E63d's state is a running sum that no gate contracts, and its gradients grow backwards through
+# time (chapter, gradient flow): exact arithmetic on the bf16-rounded parity inputs already
+# differs from the fp64 result by more than the family's bf16 tolerance at T = 64
+# (tests/test_e63.py measures it), so its bf16 tolerance is wider.
+TOLERANCE_63D = {"float32": Tolerance(1e-5, 1e-5), "bfloat16": Tolerance(2e-2, 8e-2)}
+
 ENTRIES = tuple(
     inputs.entry(name=name, aliases=aliases, layer=layer, reference=ref, cell=fn, epilogue=None,
                  title=f"{_TITLE} ({note})", chapter=_CHAPTER, cuda_op="elman_dense.delta_forward/backward",
                  layer_params=lambda dim, expansion=1.0, m=mode: layer_params(dim, expansion, m),
-                 parity=_parity(ref, fn))
+                 parity=_parity(ref, fn), **({"tolerance": TOLERANCE_63D} if mode == "d" else {}))
     for name, aliases, layer, ref, fn, mode, note in (
         ("E63", ("63", "63a", "E63a"), E63, reference, cell, "a", "complementary gates"),
         ("E63b", ("63b",), E63b, reference_b, cell_b, "b", "independent write gate"),

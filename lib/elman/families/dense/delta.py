@@ -13,7 +13,12 @@ Time-major, with the input side precomputed for all T*B rows in one GEMM (outsid
 
 The compiled op (lib/csrc/dense/delta.*) owns the recurrence:
 - forward  `(mode, pre, W_rec, h0) -> (out, h_all, act)`: per step one cuBLAS GEMM (E63c's three
-  blocks in the same GEMM) and one fused elementwise kernel; `act` keeps (v, alpha, beta);
+  blocks in the same GEMM) and one fused elementwise kernel; `act` keeps the pre-activations
+  (z_v, z_alpha, z_beta), from which the backward recomputes the activations in fp32 (a bf16
+  copy of a saturated tanh or sigmoid would lose 1 - v^2 and alpha (1 - alpha) to rounding);
+  the elementwise chain h_{t-1} -> h_t runs on an fp32 copy of the state (h_all, in the
+  tensors' dtype, feeds the GEMM and the backward), so the bf16 state of E63d, which no gate
+  contracts, does not accumulate a rounding per step;
 - backward `(mode, W_rec, h_all, act, d_out, d_hT) -> (d_pre, dh0)`: per step one fused kernel
   (dh = carry + d_out * out'(h); every gate gradient of the step; carry = dh * dh_t/dh_{t-1})
   and one GEMM adding W_rec^T d_pre_rec to the carry. dW_rec is one GEMM after the loop.
@@ -179,7 +184,8 @@ def cell(mode: str, pre: torch.Tensor, w_rec: torch.Tensor, h0: torch.Tensor | N
 # ---- the kernels' schedule in PyTorch ------------------------------------------------------
 def emulate_forward(mode: str, pre: torch.Tensor, w_rec: torch.Tensor, h0: torch.Tensor):
     """The forward loop as the kernels run it: one GEMM into q [B, R D] per step, then the
-    elementwise step on the channel blocks. Returns (out, h_all, act)."""
+    elementwise step on the channel blocks. Returns (out, h_all, act), `act` holding the
+    pre-activations (z_v, z_alpha[, z_beta]) the backward differentiates through."""
     T, B, GD = pre.shape
     G, R = CHANNELS[mode], RECURRENT[mode]
     D = GD // G
@@ -188,25 +194,34 @@ def emulate_forward(mode: str, pre: torch.Tensor, w_rec: torch.Tensor, h0: torch
         hp = h_all[-1]
         q = hp @ w_rec.t()
         p = pre[t]
-        v = torch.tanh(p[:, :D] + q[:, :D])
-        alpha = torch.sigmoid(p[:, D:2 * D] + (q[:, D:2 * D] if R == 3 else 0))
-        beta = torch.sigmoid(p[:, 2 * D:] + (q[:, 2 * D:] if R == 3 else 0)) if G == 3 else None
-        if mode == "a":
-            h = alpha * hp + (1 - alpha) * v
-        elif mode == "d":
-            h = hp + alpha * v
-        else:
-            h = alpha * hp + beta * v
+        z = [p[:, :D] + q[:, :D], p[:, D:2 * D] + (q[:, D:2 * D] if R == 3 else 0)]
+        if G == 3:
+            z.append(p[:, 2 * D:] + (q[:, 2 * D:] if R == 3 else 0))
+        h = _update(mode, hp, *_activations(z))
         h_all.append(h)
         outs.append(h * h * torch.sigmoid(h))
-        acts.append(torch.cat([v, alpha] + ([beta] if G == 3 else []), 1))
+        acts.append(torch.cat(z, 1))
     return torch.stack(outs), torch.stack(h_all), torch.stack(acts)
 
 
+def _activations(z: list[torch.Tensor]) -> list[torch.Tensor]:
+    """(v, alpha[, beta]) of the pre-activations (z_v, z_alpha[, z_beta])."""
+    return [torch.tanh(z[0]), *(torch.sigmoid(zk) for zk in z[1:])]
+
+
+def _update(mode: str, hp, v, alpha, beta=None):
+    if mode == "a":
+        return alpha * hp + (1 - alpha) * v
+    if mode == "d":
+        return hp + alpha * v
+    return alpha * hp + beta * v
+
+
 def emulate_backward(mode: str, w_rec, h_all, act, d_out, d_hT):
-    """The backward loop as the kernels run it: per step the fused elementwise kernel (dh,
-    the step's pre-activation gradients, the elementwise carry) then carry += d_pre_rec W_rec.
-    Returns (d_pre, dh0, dW_rec)."""
+    """The backward loop as the kernels run it: per step the fused elementwise kernel (the
+    activations recomputed from the stored pre-activations, dh, the step's pre-activation
+    gradients, the elementwise carry) then carry += d_pre_rec W_rec. Returns (d_pre, dh0,
+    dW_rec)."""
     T, B, GD = act.shape
     D = h_all.shape[2]
     G, RD = CHANNELS[mode], w_rec.shape[0]
@@ -214,7 +229,7 @@ def emulate_backward(mode: str, w_rec, h_all, act, d_out, d_hT):
     d_pre = torch.empty_like(act)
     for t in range(T - 1, -1, -1):
         h, hp = h_all[t + 1], h_all[t]
-        v, alpha = act[t, :, :D], act[t, :, D:2 * D]
+        v, alpha, *beta = _activations([act[t, :, k * D:(k + 1) * D] for k in range(G)])
         s = torch.sigmoid(h)
         dh = carry + d_out[t] * s * (2 * h + h * h * (1 - s))
         parts = []
@@ -223,9 +238,8 @@ def emulate_backward(mode: str, w_rec, h_all, act, d_out, d_hT):
         elif mode == "d":
             dv, d_alpha, carry = dh * alpha, dh * v, dh
         else:
-            beta = act[t, :, 2 * D:]
-            dv, d_alpha, carry = dh * beta, dh * hp, dh * alpha
-            parts = [dh * v * beta * (1 - beta)]
+            dv, d_alpha, carry = dh * beta[0], dh * hp, dh * alpha
+            parts = [dh * v * beta[0] * (1 - beta[0])]
         d_pre[t] = torch.cat([dv * (1 - v * v), d_alpha * alpha * (1 - alpha)] + parts, 1)
         carry = carry + d_pre[t, :, :RD] @ w_rec
     dw_rec = d_pre.reshape(T * B, GD)[:, :RD].t() @ h_all[:T].reshape(T * B, D)
