@@ -125,10 +125,18 @@ cudaError_t delta_step_backward(cudaStream_t s, int mode, int batch, int dim, fl
                                 T* d_pre) {
   const int n = batch * dim;
   switch (mode) {
-    case 0: step_backward<T, 0><<<blocks(n), kBlock, 0, s>>>(n, dim, carry, d_out, h_prev, h, act, d_pre); break;
-    case 1: step_backward<T, 1><<<blocks(n), kBlock, 0, s>>>(n, dim, carry, d_out, h_prev, h, act, d_pre); break;
-    case 2: step_backward<T, 2><<<blocks(n), kBlock, 0, s>>>(n, dim, carry, d_out, h_prev, h, act, d_pre); break;
-    case 3: step_backward<T, 3><<<blocks(n), kBlock, 0, s>>>(n, dim, carry, d_out, h_prev, h, act, d_pre); break;
+    case 0:
+      step_backward<T, 0><<<blocks(n), kBlock, 0, s>>>(n, dim, carry, d_out, h_prev, h, act, d_pre);
+      break;
+    case 1:
+      step_backward<T, 1><<<blocks(n), kBlock, 0, s>>>(n, dim, carry, d_out, h_prev, h, act, d_pre);
+      break;
+    case 2:
+      step_backward<T, 2><<<blocks(n), kBlock, 0, s>>>(n, dim, carry, d_out, h_prev, h, act, d_pre);
+      break;
+    case 3:
+      step_backward<T, 3><<<blocks(n), kBlock, 0, s>>>(n, dim, carry, d_out, h_prev, h, act, d_pre);
+      break;
     default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
