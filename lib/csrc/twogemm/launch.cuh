@@ -5,6 +5,8 @@
 #include <cuda_runtime.h>
 
 #include <initializer_list>
+#include <map>
+#include <tuple>
 
 #include "common/cluster.cuh"
 #include "twogemm/twogemm.h"
@@ -14,20 +16,26 @@ namespace elman {
 constexpr int kLaunchThreads = 256;
 constexpr int kSmemBudget = 200 * 1024;
 
-// Whether the GPU holds one cluster of `cluster` CTAs of kernel k with `smem` bytes each
-// (the kernel's attributes for that launch are set on the way).
+// Whether the current GPU holds one cluster of `cluster` CTAs of kernel k with `smem` bytes
+// each (the kernel's attributes for that launch are set on the way). Answers are cached per
+// device, kernel, cluster and size: the ops plan every call.
 template <class Kernel>
 bool cluster_fits(Kernel* k, int cluster, int smem) {
   if (smem > kSmemBudget) return false;
+  int dev = 0;
+  cudaGetDevice(&dev);
+  static std::map<std::tuple<int, const void*, int, int>, bool> cache;
+  const auto key = std::make_tuple(dev, reinterpret_cast<const void*>(k), cluster, smem);
+  const auto hit = cache.find(key);
+  if (hit != cache.end()) return hit->second;
   int active = 0;
   cudaLaunchAttribute attr[1];
   const cudaLaunchConfig_t cfg = cluster_launch_config(cluster, 1, kLaunchThreads, smem, nullptr, attr);
-  if (allow_cluster_launch(k, smem, cluster) != cudaSuccess ||
-      cudaOccupancyMaxActiveClusters(&active, k, &cfg) != cudaSuccess || active < 1) {
-    cudaGetLastError();
-    return false;
-  }
-  return true;
+  bool ok = allow_cluster_launch(k, smem, cluster) == cudaSuccess &&
+            cudaOccupancyMaxActiveClusters(&active, k, &cfg) == cudaSuccess && active >= 1;
+  if (!ok) cudaGetLastError();
+  cache[key] = ok;
+  return ok;
 }
 
 // The first cluster size of `sizes` (8 or 16, at most dim) whose shared memory smem_of(cluster)
