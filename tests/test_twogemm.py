@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from elman import registry
-from elman.core.entry import Shape, rel_error
+from elman.core.entry import DTYPES, Shape, rel_error, run_case
 from elman.families.twogemm import inputs, op
 from elman.harness import parity
 
@@ -65,6 +65,22 @@ def _cell_of(entry):
     """What the entry's parity cases run: its cell with backend="cuda"."""
     return entry.parity(Shape(1, 1, 4, None, 8 if entry.name.startswith("E23") else None),
                         torch.float64, "cpu", torch.Generator().manual_seed(0))[0].fast
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("level", LEVELS)
+def test_schedule_within_tolerance_in_each_dtype(emulated, level, dtype):
+    """The op's loops with the stages in PyTorch, in fp32 and bf16 on the CPU (the rounding
+    of every stored tensor as on the GPU), pass the registry's tolerances on the entry's
+    first parity shapes through the harness's own comparison (run_case)."""
+    e = registry.get(level)
+    g = torch.Generator().manual_seed(0)
+    for shape in e.test_shapes[:4]:
+        for case in e.parity(shape, DTYPES[dtype], "cpu", g):
+            errors = run_case(case, DTYPES[dtype], g)
+            tol = e.tolerance[dtype]
+            assert max(v for k, v in errors.items() if k.startswith("fwd:")) <= tol.fwd, (shape, errors)
+            assert max(v for k, v in errors.items() if k.startswith("grad:")) <= tol.bwd, (shape, errors)
 
 
 @pytest.mark.parametrize("T", [1, 2, 3, 4, 5, 9, 10, 16, 17])
