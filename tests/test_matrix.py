@@ -13,7 +13,15 @@ from elman.core.entry import Shape
 from elman.families.matrix import inputs, op, reference as ref, schedule
 from elman.variants import e75, e88
 
-torch.set_default_dtype(torch.float64)
+
+
+@pytest.fixture(autouse=True)
+def _fp64_by_default():
+    """These tests build their tensors in fp64; the default goes back for the other test files."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)
 
 
 def _core_inputs(T=6, B=2, H=3, n=4, v=5, column=False, beta=True, seed=0):

@@ -139,7 +139,8 @@ def main(args) -> int:
     cells = [] if args.no_cell and not args.primitives else cell_entries(args.levels)
     if args.primitives:
         recs += probes.primitive_records(200 if args.quick else 2000) + probes.clock_records()
-        traced = {(e.family, e.epilogue): e for e in cells if e.family == "dense"}.values()  # one trace per dense epilogue
+        traced = {(e.family, e.epilogue): e for e in cells  # one trace per dense epilogue
+                  if e.family == "dense" and e.epilogue is not None}.values()
         recs += [r for e in traced for B, D in shapes
                  if (r := probes.trace_record(e, B, D, args.T)) is not None]
         records.write(recs)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from ..core.entry import Tolerance
 from ..core.layer import check_backend
 from ..families.diagonal import inputs, op as diagonal
 from ..families.diagonal.layer import DiagonalLayer, constant
@@ -82,5 +83,9 @@ ENTRIES = (
     inputs.entry(
         name="E68i", aliases=("68i",), layer=E68i, reference=reference_i, cell=cell_i,
         epilogue=STEPS["E68i"], title="Inverse self-gating: g = sigma(-d_g * |h| + b_g)",
-        chapter=CHAPTER, layer_params=layer_params),
+        chapter=CHAPTER, layer_params=layer_params,
+        # |h| has a kink at 0: where an h_{t-1} within rounding of 0 takes the other sign than
+        # in the fp64 reference, d|h|/dh flips, so the fp32 gradients sit above fp32 rounding
+        # (about 1e-4 measured at T = 129, B = 16, D = 1024; E68's smooth gate: below 1e-5)
+        tolerance={"float32": Tolerance(1e-5, 3e-4), "bfloat16": Tolerance(1e-2, 2e-2)}),
 )

@@ -94,7 +94,7 @@ class E75(nn.Module):
         acc = torch.promote_types(dt, torch.float32)
         beta = torch.sigmoid(x.to(acc) @ self.w_beta.to(acc).t() + self.b_beta.to(acc).reshape(-1))
         shape = (T, B, H, n)
-        k = l2_normalize(k.reshape(shape))
+        k = l2_normalize(k.reshape(shape)).to(dt)  # autocast may leave the normalised k in fp32
         S0 = y.new_zeros(B, H, n, n, dtype=acc) if h0 is None else h0.to(acc)
         o, S = cell(q.reshape(shape), k, v.reshape(shape), beta.reshape(shape), S0, self.backend,
                     self.checkpoint)

@@ -184,6 +184,7 @@ class E88(nn.Module):
         q, k, val = q.reshape(T, B, H, n), k.reshape(T, B, H, n), val.reshape(T, B, H, v)
         if self.use_l2_norm:
             q, k = l2_normalize(q), l2_normalize(k)
+        q, k, val = q.to(dt), k.to(dt), val.to(dt)  # autocast may leave the normalised q, k in fp32
         alpha = self.decay(yt)
         acc = alpha.dtype
         beta = None if self.w_w is None else torch.sigmoid(yt.to(acc) @ self.w_w.to(acc).t())
@@ -271,7 +272,11 @@ OPTION_GRID = {
                                        gate_activation="sigmoid"),
     "simple+writegate+linear": dict(decay_mode="simple", use_write_gate=True, linear_state=True),
     "constant+tiekv+nogate": dict(decay_mode="constant", tie_kv=True, use_gate=False),
-    "none+nosilu+nol2": dict(decay_mode="none", use_silu=False, use_l2_norm=False),
+    "none+nosilu": dict(decay_mode="none", use_silu=False),
+    # without the L2 norm, |k|^2 > 2 makes S <- S - k k^T S expand; the decay keeps it bounded,
+    # while with no decay either the tanh state runs chaotic and fp32 parts from fp64 within a
+    # few steps (a property of the configuration, not of a kernel)
+    "nol2": dict(use_l2_norm=False),
 }
 
 
