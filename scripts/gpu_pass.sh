@@ -5,9 +5,9 @@
 # archive under $OUT.
 #
 #   scripts/gpu_pass.sh [STAGE ...]      stages: setup build warm test parity bitwise gdn diagonal
-#                                        baselines bench sanitize chapters train leaderboard pack
-#                                        (default: all but bitwise, diagonal, baselines, train and
-#                                        leaderboard)
+#                                        headline baselines bench sanitize chapters train
+#                                        leaderboard pack (default: all but bitwise, diagonal,
+#                                        headline, baselines, train and leaderboard)
 #   scripts/gpu_pass.sh setup build warm baselines pack     the baselines' run (issue 4) alone
 #
 # warm compiles, in parallel, the Triton kernels (mamba2, fla-gdn) of the stages that follow
@@ -128,9 +128,21 @@ diagonal_stage() {
   local levels ok=0 T
   levels=$(python3 -c "from elman import registry; print(' '.join(e.name for e in registry.entries(family='diagonal')))")
   for T in ${DIAGONAL_T:-512 4096}; do
-    python3 -m elman bench --levels $levels --B 4 16 64 --D 1024 2048 4096 --T $T --no-layers \
+    python3 -m elman bench --levels $levels --B 4 16 64 --D ${DIAGONAL_D:-1024 2048 4096} --T $T --no-layers \
       ${QUICK:+--quick} ${BENCH_ARGS:-} || ok=1
   done
+  return $ok
+}
+# The recurrence benchmarks at the shapes the family issues commit to: the dense variants
+# beside E1 at D = 1024; E88 at the 480M shape (B = 16, H = 83, n = v = 32, d = 1920) with the
+# fla-gdn and mamba2 layers beside it; E23 at B = 4, D = 512, N = 8 and the low-rank variants
+# at D = 512 and 1024, each beside E1's persistent step.
+headline_stage() {
+  local ok=0 q=${QUICK:+--quick}
+  python3 -m elman bench --levels E1 E33 E36 E37 E38 E39 E42 E56 --B 4 16 64 --D 1024 --no-layers $q || ok=1
+  python3 -m elman bench --levels E88h83n32 fla-gdn mamba2 --B 16 --D 1920 --T 512 $q || ok=1
+  python3 -m elman bench --levels E1 E23 --B 4 --D 512 --no-layers $q || ok=1
+  python3 -m elman bench --levels E1 E4 E66 --B 4 64 --D 512 1024 --no-layers $q || ok=1
   return $ok
 }
 baselines_stage() {  # fla-gdn verified, then every baseline's parity, then their layers beside E1
@@ -168,6 +180,7 @@ has parity && stage parity parity_stage
 has bitwise && stage bitwise bitwise_stage
 has gdn && stage gdn gdn_stage
 has diagonal && stage diagonal diagonal_stage
+has headline && stage headline headline_stage
 has baselines && stage baselines baselines_stage
 has bench && stage bench bench_stage
 has sanitize && stage sanitize sanitize

@@ -8,15 +8,13 @@ import re
 from pathlib import Path
 
 import pytest
-import yaml
 
+import book_pages
 from elman.core import records
 from elman.results import pins
 
 ROOT = records.ROOT
-CHAPTERS = [ROOT / f"{entry['file']}.ipynb"
-            for entry in yaml.safe_load((ROOT / "_toc.yml").read_text())["chapters"]
-            if (ROOT / f"{entry['file']}.ipynb").is_file()]
+CHAPTERS = [ROOT / p for p in book_pages.chapters()]
 NOTEBOOKS = sorted((ROOT / "book").rglob("*.ipynb"))
 HOST_PATH = re.compile(r"(?<![\w.])/(?:work|tmp|home|root|opt|mnt|scratch|data|Users)/")
 

@@ -195,9 +195,12 @@ def summary(recs: list[dict]) -> str:
         elif p["measure"] == "recurrent_layer":
             lines.append(f"rnn   {r['impl']:<18} B={p['B']:<3} D={p['D']:<5} "
                          f"fwd {m['fwd_ms']['median']:8.3f} ms  fwd+bwd {m['fwdbwd_ms']['median']:8.3f} ms")
-        elif p["measure"] == "cell":
+        elif p["measure"] == "cell" and "per_step_us" in m:
             lines.append(f"cell  {r['impl']:<18} B={p['B']:<3} D={p['D']:<5} "
                          f"{m['per_step_us']:8.2f} us/step  fwd+bwd {m['fwdbwd_ms']['median']:8.3f} ms")
+        elif "tokens_per_s" not in m:  # a family's own measure (diagonal bandwidth, matrix recurrence)
+            times = "  ".join(f"{k} {v['median']:8.3f}" for k, v in m.items() if isinstance(v, dict) and "median" in v)
+            lines.append(f"{p['measure']:<5} {r['variant']:<8} {r['impl']:<22} B={p['B']:<3} D={p['D']:<5} {times}")
         else:
             lines.append(f"layer {r['variant']:<8} {r['impl']:<18} {p['dtype']:<8} B={p['B']:<3} D={p['D']:<5} "
                          f"fwd {m['fwd_ms']['median']:8.3f} ms  fwd+bwd {m['fwdbwd_ms']['median']:8.3f} ms  "

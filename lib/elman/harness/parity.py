@@ -64,7 +64,8 @@ def reference_checks(level: str, T: int = 4, B: int = 2, D: int = 5) -> str:
     input, and the whole sequence against T single steps that carry the state (h0 in, the
     second output out). The inputs come from the entry's kernel family
     (`elman.families.<family>.inputs.reference_inputs`; `time_major` says which inputs
-    have one slice per step)."""
+    have one slice per step; a family whose references carry more state than h0 gives its
+    own `sequence_check`)."""
     entry = registry.get(level)
     if entry.reference is None or entry.family is None:
         raise ValueError(f"{entry.name} has no reference of a kernel family to check")
@@ -74,14 +75,17 @@ def reference_checks(level: str, T: int = 4, B: int = 2, D: int = 5) -> str:
     names = list(kw)
     grad_ok = torch.autograd.gradcheck(lambda *a: ref(**dict(zip(names, a))), tuple(kw.values()),
                                        eps=1e-6, atol=1e-6)
-    plain = {k: v.detach() for k, v in kw.items()}
-    full, h_full = ref(**plain)[:2]
-    h, outs = plain["h0"], []
-    for t in range(T):
-        step = {k: (v[t:t + 1] if family.time_major(k, v) else v) for k, v in plain.items()}
-        out, h = ref(**{**step, "h0": h})[:2]
-        outs.append(out)
-    seq_err = max((torch.cat(outs) - full).abs().max().item(), (h - h_full).abs().max().item())
+    if hasattr(family, "sequence_check"):  # a family whose references carry more than h0
+        seq_err = family.sequence_check(ref, T, B, D)
+    else:
+        plain = {k: v.detach() for k, v in kw.items()}
+        full, h_full = ref(**plain)[:2]
+        h, outs = plain["h0"], []
+        for t in range(T):
+            step = {k: (v[t:t + 1] if family.time_major(k, v) else v) for k, v in plain.items()}
+            out, h = ref(**{**step, "h0": h})[:2]
+            outs.append(out)
+        seq_err = max((torch.cat(outs) - full).abs().max().item(), (h - h_full).abs().max().item())
     return ("| check | result |\n|---|---|\n"
             f"| fp64 gradcheck, every input (T={T}, B={B}, D={D}) | {'pass' if grad_ok else 'FAIL'} |\n"
             f"| sequence vs. {T} single steps, max abs difference | {seq_err:.1e} |")
