@@ -57,14 +57,21 @@ def reference_inputs(reference: Callable, shape: Shape, device, generator) -> di
     gets H = 2, n = v = 4. A reference with a `decay_kind` attribute 'column' gets a per-column
     decay."""
     T, B, H, n, v = _dims(shape)
+    if hasattr(reference, "make_inputs"):  # the single-state variants' own kinds (single.py)
+        return reference.make_inputs(T, B, H, n, v, device, generator)
     names = tuple(inspect.signature(reference).parameters)
     return random_inputs(T, B, H, n, v, names, device, generator,
                          getattr(reference, "decay_kind", "scalar"))
 
 
 def time_major(name: str, t: torch.Tensor) -> bool:
-    """Whether a reference input has one slice per step (q, k, v, decay, beta)."""
-    return name in ("q", "k", "v", "decay", "beta")
+    """Whether a reference input has one slice per step (q, k, v, decay, beta, and the per-step
+    inputs of the single-state variants: PER_STEP)."""
+    return name in ("q", "k", "v", "decay", "beta") or name in PER_STEP
+
+
+# per-step inputs of the E70-E74 and E14 references (lam, delta, bias, rho, retain are not)
+PER_STEP = ("alpha_x", "alpha", "z", "gate_x", "erase", "write", "key", "val", "dec", "qry")
 
 
 def core_cases(reference: Callable, cell: Callable, shape: Shape, device, generator) -> list[ParityCase]:
