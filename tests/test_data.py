@@ -157,13 +157,20 @@ def test_windows_are_seeded_per_step_and_rank_and_never_touch_validation():
     assert bytes(w[0]) == SLICE.read_bytes()[a[0]:a[0] + T + 1]
 
 
-def test_validation_windows_are_fixed_and_held_out():
+def test_validation_tiles_the_held_out_split_without_overlap():
     d = data.ByteData(SLICE)
-    v = d.val_positions(32, 64, seed=42)
-    assert np.array_equal(v, d.val_positions(32, 64, seed=42))
-    assert v.min() >= d.val_start and v.max() + 64 < len(d)
-    batches = d.val_batches(32, 10, 64, seed=42)
-    assert [len(b) for b in batches] == [10, 10, 10, 2]
+    T = 64
+    v = d.val_positions(T)
+    assert len(v) == d.val_tiles(T) and v[0] == d.val_start and np.all(np.diff(v) == T)
+    assert v[-1] + T < len(d) <= v[-1] + 2 * T + 1          # the tiles reach the end
+    sub = d.val_positions(T, 10)                            # evenly spaced tiles, no seed
+    assert len(sub) == 10 and set(sub) <= set(v) and (sub[0], sub[-1]) == (v[0], v[-1])
+    assert np.array_equal(sub, d.val_positions(T, 10))
+    assert np.array_equal(d.val_positions(T, 10 ** 6), v)
+    assert [len(b) for b in d.val_batches(T, 4, 10)] == [4, 4, 2]
+    assert d.val_sources() == [("all", d.val_start, len(d))]
+    names, src = d.target_sources(v[:3], T)
+    assert names == ["all"] and src.shape == (3, T) and (src == 0).all()
 
 
 def test_raw_file_without_manifest_holds_out_its_last_percent(tmp_path):
@@ -222,6 +229,26 @@ def test_cli_slice_and_info(corpus, tmp_path, capsys):
     assert m["bytes"] <= 40000 and m["val"]["documents"] >= 1
     assert cli(["data", "--info", str(out)]) == 0
     assert json.loads(capsys.readouterr().out.split("\n", 1)[1])["val_start"] == m["val"]["offset"]
+
+
+def test_cli_builds_the_linux_corpus_by_name(fake_deb, corpus, tmp_path, capsys):
+    out = tmp_path / "linux.txt"
+    assert cli(["data", "--name", "linux-6.1", "--deb", str(fake_deb), "--out", str(out)]) == 0
+    assert "from linux-source-6.1 6.1.0-1" in capsys.readouterr().out
+    assert data.read_manifest(out)["sha256"] == corpus[1]["sha256"]
+
+
+def test_pack_in_parts_joins_back(corpus, tmp_path):
+    src, _ = corpus
+    m = data.pack(src, tmp_path / "p.txt.xz", megabytes=0.01, part_mb=0.0001)
+    assert len(m["xz_parts"]) > 1 and not (tmp_path / "p.txt.xz").exists()
+    assert all((tmp_path / n).stat().st_size <= 0.0001 * 2**20 for n in m["xz_parts"])
+    assert data.sha256(data.ByteData(tmp_path / "p.txt.xz").path) == m["sha256"]
+    (tmp_path / "p.txt").unlink()
+    (tmp_path / "p.txt.xz").unlink()
+    (tmp_path / m["xz_parts"][-1]).unlink()
+    with pytest.raises(data.DataError, match="missing"):
+        data.unpack(tmp_path / "p.txt.xz")
 
 
 def test_cli_reports_missing_apt_get(monkeypatch, tmp_path, capsys):

@@ -1,24 +1,29 @@
 """Byte corpora and the training loader (`elman data`). Chapter: book/chapters/training_protocol.ipynb.
 
-The default corpus is the Linux 6.1 source tree from Debian's package `linux-source-6.1`:
-every file of the tree that is text (valid UTF-8, no NUL and no 0x1E byte) is one
-document; documents are put in a seeded shuffled order and joined by the byte 0x1E
-(ASCII record separator). The last 1 % of documents are the held-out validation split,
-which training windows never touch. A JSON manifest beside the text (`<file>.json`)
-records the package, its version and sha256, the corpus sha256, sizes and where the
-validation split starts.
+Two corpora are built by name. The default, `debian-mix` (`corpus.py`), is a capped,
+cleaned and deduplicated mix of code bases and prose from Debian packages, split by
+document and stratified by source. `linux-6.1` is the Linux 6.1 source tree from Debian's
+package `linux-source-6.1`: every file of the tree that is text (valid UTF-8, no NUL and
+no 0x1E byte) is one document, in a seeded shuffled order, the last 1 % of documents held
+out. Both join documents by the byte 0x1E (ASCII record separator), put the validation
+documents after the training ones and write a JSON manifest beside the text
+(`<file>.json`) with the packages, versions and sha256s, the corpus sha256, sizes and
+where the validation split starts (and, for the mix, each source's validation byte range).
 
-Subsets keep that layout: a prefix of the training documents and a prefix of the
-validation documents (`subset`). `pack` writes one as xz to carry to a GPU host;
-`unpack` (or `ByteData` given a `.xz` file) restores it. The committed test slice in
-`tests/data/` is such a subset.
+Subsets keep that layout: a prefix of the training documents and of each source's
+validation documents (`subset`). `pack` writes one as xz to carry to a GPU host, in parts
+of at most `--part-mb` when asked; `unpack` (or `ByteData` given a `.xz` file) restores
+it. The committed test slice in `tests/data/` is such a subset.
 
 The loader (`ByteData`, `Batches`) memory-maps any raw byte file and draws i.i.d.
-windows of T+1 bytes. Window positions come from a counter-based generator keyed by
-(seed, rank, step): resuming at step k draws exactly the windows of step k without
+training windows of T+1 bytes. Window positions come from a counter-based generator keyed
+by (seed, rank, step): resuming at step k draws exactly the windows of step k without
 replaying, each DDP rank has its own stream, and every model trained with the same seed,
-batch and T sees the same windows in the same order. A file without a manifest holds
-out its last 1 % of bytes for validation.
+batch and T sees the same windows in the same order. Validation tiles the held-out split
+with windows of T+1 bytes at a stride of T, so every held-out byte after the first is
+predicted exactly once (`val_positions`); an evaluation on fewer windows takes evenly
+spaced tiles, the same for every model. A file without a manifest holds out its last 1 %
+of bytes for validation.
 """
 from __future__ import annotations
 
@@ -34,24 +39,27 @@ import subprocess
 import tarfile
 import threading
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
 from ..core.records import ROOT
+from . import cleaning
 
 SEP = 0x1E
 PACKAGE = "linux-source-6.1"
 TARBALL = "usr/src/linux-source-6.1.tar.xz"
 CORPUS_NAME = "linux-6.1"
-DEFAULT_DATA = ROOT / "data" / f"{CORPUS_NAME}.txt"
+MIX_NAME = "debian-mix"
+CORPORA = {MIX_NAME: ROOT / "data" / f"{MIX_NAME}.txt", CORPUS_NAME: ROOT / "data" / f"{CORPUS_NAME}.txt"}
+DEFAULT_DATA = CORPORA[MIX_NAME]
 CACHE = ROOT / ".cache" / "data"
 TEST_SLICE = ROOT / "tests" / "data" / f"{CORPUS_NAME}-slice.txt"
 SHUFFLE_SEED = 1990
 VAL_FRACTION = 0.01
-_TRAIN, _VAL = 0, 1  # generator domains
+_TRAIN = 0  # the generator domain of training windows
 
 
 class DataError(RuntimeError):
@@ -121,13 +129,7 @@ def _deb_info(deb: Path) -> tuple[dict[str, str], bytes]:
 
 def is_text(blob: bytes) -> bool:
     """A document: non-empty, valid UTF-8, no NUL and no separator byte."""
-    if not blob or b"\x00" in blob or bytes([SEP]) in blob:
-        return False
-    try:
-        blob.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
+    return bool(blob) and cleaning.is_text(blob)
 
 
 def _documents(deb: Path) -> tuple[dict[str, str], list[tuple[str, bytes]]]:
@@ -181,9 +183,9 @@ def _write_docs(docs: list[bytes], n_val: int, out: Path) -> dict:
             "val": {"offset": val_offset, "bytes": size - val_offset, "documents": n_val}}
 
 
-def build(deb: Path | None = None, out: Path = DEFAULT_DATA, seed: int = SHUFFLE_SEED,
+def build(deb: Path | None = None, out: Path = CORPORA[CORPUS_NAME], seed: int = SHUFFLE_SEED,
           val_fraction: float = VAL_FRACTION) -> dict:
-    """Build the default corpus from the .deb (downloaded if not given); returns the manifest."""
+    """Build the Linux corpus from the .deb (downloaded if not given); returns the manifest."""
     deb = Path(deb) if deb else download_deb()
     fields, docs = _documents(deb)
     if not docs:
@@ -203,10 +205,24 @@ def build(deb: Path | None = None, out: Path = DEFAULT_DATA, seed: int = SHUFFLE
     return manifest
 
 
-def _split_docs(path: Path, manifest: dict) -> tuple[list[bytes], list[bytes]]:
+def _split_docs(path: Path, manifest: dict) -> tuple[list[bytes], list[tuple[str, list[bytes]]]]:
+    """Training documents, and validation documents grouped by source (one group 'all'
+    when the manifest names no sources)."""
     blob = Path(path).read_bytes()
     off = manifest["val"]["offset"]
-    return blob[:off - 1].split(bytes([SEP])), blob[off:].split(bytes([SEP]))
+    train = blob[:off - 1].split(bytes([SEP])) if off > 0 else []
+    ranges = manifest["val"].get("sources") or [["all", off, len(blob)]]
+    return train, [(name, blob[a:b].split(bytes([SEP]))) for name, a, b in ranges]
+
+
+def _val_ranges(groups: list[tuple[str, list[bytes]]], offset: int) -> list[list]:
+    """[name, start, end) byte ranges of validation groups written from offset on."""
+    out, pos = [], offset
+    for name, docs in groups:
+        end = pos + sum(len(d) + 1 for d in docs) - 1
+        out.append([name, pos, end])
+        pos = end + 1
+    return out
 
 
 def _take(docs: list[bytes], budget: int) -> list[bytes]:
@@ -225,22 +241,31 @@ def subset(src: Path, out: Path, train_bytes: int, val_bytes: int | None = None)
     manifest = read_manifest(src)
     if manifest is None:
         raise DataError(f"{src} has no manifest {manifest_path(src)}; build it with `elman data`")
-    train, val = _split_docs(src, manifest)
+    train, groups = _split_docs(src, manifest)
     train = _take(train, train_bytes)
-    val = val if val_bytes is None else _take(val, val_bytes)
+    if val_bytes is not None:
+        total = sum(len(d) + 1 for _, docs in groups for d in docs)
+        groups = [(name, _take(docs, val_bytes * sum(len(d) + 1 for d in docs) / total))
+                  for name, docs in groups]
+    groups = [(name, docs) for name, docs in groups if docs]
+    val = [d for _, docs in groups for d in docs]
     if not train or not val:
         raise DataError(f"a subset of {train_bytes} + {val_bytes} bytes holds no whole document")
     sub = {k: v for k, v in manifest.items() if k not in ("bytes", "documents", "sha256", "val")}
     sub["subset_of"] = {"sha256": manifest["sha256"], "bytes": manifest["bytes"],
                         "train_bytes": train_bytes, "val_bytes": val_bytes}
     sub.update(_write_docs(train + val, len(val), Path(out)))
+    if manifest["val"].get("sources"):
+        sub["val"]["sources"] = _val_ranges(groups, sub["val"]["offset"])
     manifest_path(out).write_text(json.dumps(sub, indent=2) + "\n")
     return sub
 
 
-def pack(src: Path, out: Path, megabytes: float) -> dict:
+def pack(src: Path, out: Path, megabytes: float, part_mb: float | None = None) -> dict:
     """An xz-compressed subset of about `megabytes` MB of training text plus src's whole
-    validation split, for carrying to a GPU host. Writes out (.xz) and its manifest."""
+    validation split, for carrying to a GPU host. Writes out (.xz) and its manifest; with
+    part_mb, the .xz is cut into files `<out>.000`, `<out>.001`, ... of at most part_mb MB
+    each (unpack joins them)."""
     out = Path(out)
     text = out.with_name(out.name.removesuffix(".xz"))
     manifest = subset(src, text, int(megabytes * 1e6))
@@ -251,8 +276,40 @@ def pack(src: Path, out: Path, megabytes: float) -> dict:
     os.replace(out.with_name(out.name + ".tmp"), out)
     text.unlink()
     manifest["xz_bytes"] = out.stat().st_size
+    manifest["xz_sha256"] = sha256(out)
+    if part_mb:
+        manifest["xz_parts"] = split_parts(out, int(part_mb * 2**20))
+        out.unlink()
     manifest_path(out).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
+
+
+def split_parts(path: Path, part_bytes: int) -> list[str]:
+    """Cut a file into `<path>.000`, `<path>.001`, ... of at most part_bytes each."""
+    names = []
+    with open(path, "rb") as f:
+        for i, block in enumerate(iter(lambda: f.read(part_bytes), b"")):
+            part = path.with_name(f"{path.name}.{i:03d}")
+            part.write_bytes(block)
+            names.append(part.name)
+    return names
+
+
+def _join_parts(xz: Path, manifest: dict) -> None:
+    """Rebuild a packed .xz from its parts and check it against the manifest's sha256."""
+    parts = [xz.with_name(n) for n in manifest["xz_parts"]]
+    missing = [p.name for p in parts if not p.exists()]
+    if missing:
+        raise DataError(f"{xz} is carried in parts; missing: {', '.join(missing)}")
+    tmp = xz.with_name(f"{xz.name}.tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        for p in parts:
+            with open(p, "rb") as g:
+                shutil.copyfileobj(g, f, 1 << 22)
+    if sha256(tmp) != manifest.get("xz_sha256"):
+        tmp.unlink()
+        raise DataError(f"the parts of {xz} join to a file whose sha256 differs from its manifest")
+    os.replace(tmp, xz)
 
 
 def unpack(xz: Path, out_dir: Path | None = None) -> Path:
@@ -264,6 +321,8 @@ def unpack(xz: Path, out_dir: Path | None = None) -> Path:
     out = (Path(out_dir) if out_dir else xz.parent) / xz.name.removesuffix(".xz")
     if out.exists() and out.stat().st_size == manifest["bytes"] and read_manifest(out) == manifest:
         return out
+    if not xz.exists() and manifest.get("xz_parts"):
+        _join_parts(xz, manifest)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")  # jobs may unpack the same file at once
     try:
@@ -332,16 +391,42 @@ class ByteData:
         """The training windows of one optimizer step: [batch, T+1] uint8."""
         return self.windows(self.train_positions(step, batch, T, seed, rank), T)
 
-    def val_positions(self, n: int, T: int, seed: int) -> np.ndarray:
+    def val_sources(self) -> list[tuple[str, int, int]]:
+        """(source, start, end) byte ranges of the validation split; one range 'all' when
+        the manifest names no sources."""
+        ranges = (self.manifest or {}).get("val", {}).get("sources")
+        return [tuple(r) for r in ranges] if ranges else [("all", self.val_start, len(self.bytes))]
+
+    def val_tiles(self, T: int) -> int:
+        """How many windows of T+1 bytes at stride T tile the validation split."""
         size = len(self.bytes) - self.val_start
         self._check(size, T, "validation")
-        rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(_VAL,)))
-        return self.val_start + np.sort(rng.integers(0, size - T, size=n))
+        return (size - 1) // T
 
-    def val_batches(self, n: int, batch: int, T: int, seed: int) -> list[np.ndarray]:
-        """The fixed validation windows, n of them, in batches."""
-        pos = self.val_positions(n, T, seed)
-        return [self.windows(pos[i:i + batch], T) for i in range(0, n, batch)]
+    def val_positions(self, T: int, n: int | None = None) -> np.ndarray:
+        """Starts of the validation windows: every tile (n None or at least the tile count),
+        or n evenly spaced tiles. The same for every model and seed."""
+        tiles = self.val_tiles(T)
+        k = np.arange(tiles) if n is None or n >= tiles else \
+            np.unique(np.linspace(0, tiles - 1, n).round().astype(np.int64))
+        return self.val_start + T * k
+
+    def val_batches(self, T: int, batch: int, n: int | None = None) -> list[np.ndarray]:
+        """The validation windows (`val_positions`) in batches of [<=batch, T+1] uint8."""
+        pos = self.val_positions(T, n)
+        return [self.windows(pos[i:i + batch], T) for i in range(0, len(pos), batch)]
+
+    def target_sources(self, positions: np.ndarray, T: int) -> tuple[list[str], np.ndarray]:
+        """Source names and, for windows at these positions, [len, T] int indices into them
+        of the source each predicted byte (p+1 .. p+T) belongs to (-1: a separator between
+        sources)."""
+        ranges = self.val_sources()
+        names = [r[0] for r in ranges]
+        target = np.asarray(positions)[:, None] + 1 + np.arange(T)[None, :]
+        out = np.full(target.shape, -1, dtype=np.int64)
+        for i, (_, a, b) in enumerate(ranges):
+            out[(target >= a) & (target < b)] = i
+        return names, out
 
 
 class Batches:
@@ -401,42 +486,83 @@ def _size(text: str) -> float:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--deb", type=Path, help=f"a downloaded {PACKAGE} .deb (default: apt-get download)")
+    p.add_argument("--name", choices=tuple(CORPORA), default=MIX_NAME,
+                   help="which corpus to build or read (default %(default)s; linux-6.1 is the "
+                        "Linux source tree alone)")
+    p.add_argument("--deb", type=Path, help=f"linux-6.1: a downloaded {PACKAGE} .deb (default: apt-get download)")
+    p.add_argument("--packages", type=Path, metavar="DIR",
+                   help=f"{MIX_NAME}: a folder of already downloaded .debs to use before "
+                        "`apt-get download` (default .cache/data)")
     p.add_argument("--out", type=Path, help="output file (default depends on the action)")
-    p.add_argument("--corpus", type=Path, default=DEFAULT_DATA,
-                   help="the built corpus that --pack and --slice read (default %(default)s)")
+    p.add_argument("--corpus", type=Path,
+                   help="the built corpus that --pack and --slice read (default data/<name>.txt)")
+    p.add_argument("--part-mb", type=float, metavar="MB",
+                   help="with --pack: cut the .xz into parts of at most MB MiB (to carry)")
     act = p.add_mutually_exclusive_group()
     act.add_argument("--pack", type=float, metavar="MB",
                      help="write an xz subset of about MB megabytes of training text plus the "
-                          "validation split (default out: .cache/data/linux-6.1-<MB>M.txt.xz)")
+                          "validation split (default out: .cache/data/<name>-<MB>M.txt.xz)")
     act.add_argument("--unpack", type=Path, metavar="FILE", help="decompress a packed corpus")
     act.add_argument("--slice", metavar="SIZE",
-                     help=f"write the small test slice, e.g. 256K (default out: {TEST_SLICE.relative_to(ROOT)})")
+                     help="write a small test slice, e.g. 256K (default out: tests/data/<name>-slice.txt)")
     act.add_argument("--info", type=Path, metavar="FILE", help="print a data file's manifest and split")
 
 
-def _ensure_corpus(path: Path, deb: Path | None) -> None:
+def fetcher(folder: Path | None) -> Callable[[str], Path]:
+    """package -> its .deb: from folder if there, else `apt-get download` into the cache."""
+    def fetch(package: str) -> Path:
+        for d in (folder, CACHE):
+            found = sorted(Path(d).glob(f"{package}_*.deb")) if d else []
+            if found:
+                return found[-1]
+        return download_deb(package, CACHE)
+    return fetch
+
+
+def build_named(name: str, out: Path, deb: Path | None = None, packages: Path | None = None) -> dict:
+    """Build the corpus called name into out; returns its manifest."""
+    if name == CORPUS_NAME:
+        return build(deb, out)
+    from . import corpus, sources
+    try:
+        return corpus.build(out, fetcher(packages), name=name)
+    except (corpus.CorpusError, sources.SourceError) as exc:
+        raise DataError(str(exc)) from exc
+
+
+def _ensure_corpus(args: argparse.Namespace) -> Path:
+    path = args.corpus or CORPORA[args.name]
     if not path.exists():
         print(f"{path} is missing: building it first")
-        build(deb, path)
+        build_named(args.name, path, args.deb, args.packages)
+    return path
+
+
+def _describe(m: dict) -> str:
+    if "sources" not in m:
+        return f"from {m['package']} {m['version']}"
+    return "; ".join(f"{s} {v['share']:.1%}" for s, v in m["sources"].items())
 
 
 def main(args: argparse.Namespace) -> int:
     try:
         if args.pack is not None:
-            _ensure_corpus(args.corpus, args.deb)
-            out = args.out or CACHE / f"{CORPUS_NAME}-{args.pack:g}M.txt.xz"
-            m = pack(args.corpus, out, args.pack)
-            print(f"wrote {out} ({m['xz_bytes'] / 1e6:.1f} MB xz, {m['bytes'] / 1e6:.1f} MB text, "
+            src = _ensure_corpus(args)
+            name = (read_manifest(src) or {}).get("name", src.stem)
+            out = args.out or CACHE / f"{name}-{args.pack:g}M.txt.xz"
+            m = pack(src, out, args.pack, args.part_mb)
+            where = f"{len(m['xz_parts'])} parts {out.name}.000 ..." if m.get("xz_parts") else str(out)
+            print(f"wrote {where} ({m['xz_bytes'] / 1e6:.1f} MB xz, {m['bytes'] / 1e6:.1f} MB text, "
                   f"{m['documents']} documents) and {manifest_path(out)}")
         elif args.unpack is not None:
             out = unpack(args.unpack, args.out)
             print(f"unpacked {args.unpack} -> {out}")
         elif args.slice is not None:
-            _ensure_corpus(args.corpus, args.deb)
+            src = _ensure_corpus(args)
             total = int(_size(args.slice))
-            out = args.out or TEST_SLICE
-            m = subset(args.corpus, out, total - total // 16, total // 16)
+            name = (read_manifest(src) or {}).get("name", args.name)
+            out = args.out or ROOT / "tests" / "data" / f"{name}-slice.txt"
+            m = subset(src, out, total - total // 16, total // 16)
             print(f"wrote {out} ({m['bytes']} bytes, {m['documents']} documents, "
                   f"validation from byte {m['val']['offset']})")
         elif args.info is not None:
@@ -444,11 +570,11 @@ def main(args: argparse.Namespace) -> int:
             print(json.dumps({"path": str(d.path), "bytes": len(d), "val_start": d.val_start,
                               "manifest": d.manifest}, indent=2))
         else:
-            out = args.out or DEFAULT_DATA
-            m = build(args.deb, out)
-            print(f"wrote {out}: {m['bytes'] / 1e6:.1f} MB, {m['documents']} documents from "
-                  f"{m['package']} {m['version']}; validation: last {m['val']['documents']} "
-                  f"documents ({m['val']['bytes'] / 1e6:.1f} MB)")
+            out = args.out or CORPORA[args.name]
+            m = build_named(args.name, out, args.deb, args.packages)
+            print(f"wrote {out}: {m['bytes'] / 1e6:.1f} MB, {m['documents']} documents "
+                  f"({_describe(m)}); validation: {m['val']['documents']} documents "
+                  f"({m['val']['bytes'] / 1e6:.1f} MB)")
     except DataError as exc:
         print(f"elman data: {exc}")
         return 1

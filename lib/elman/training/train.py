@@ -17,12 +17,25 @@ are written atomically on an interval, at the end and on SIGINT/SIGTERM, outside
 k depend only on (seed, rank, k), and validation and checkpoints restore the exact
 training weights after looking at schedule-free's averaged ones.
 
+Evaluation (`evaluate`) runs on the weights the optimizer says to evaluate
+(schedule-free's averaged weights, `averaged_weights`), over windows that tile the
+held-out split without overlap: every `--val-every` steps on `--val-windows` evenly
+spaced tiles (0: all; the same tiles for every model), and at the end on all of them.
+Each evaluation logs the loss per source of the predicted bytes. The headline metric is
+the validation loss in nats/byte and bits/byte (nats / ln 2) with its standard error
+se = s_w / sqrt(n) over the n window means (s_w their standard deviation); a
+standard error below `SE_TARGET` = 0.005 nats/byte needs n >= (s_w / 0.005)^2 windows,
+which each evaluation logs as `windows_needed`. Windows of one document are correlated,
+so this se is a lower bound when documents span many windows.
+
 Outputs: a JSONL log `runs/<run>/train/<name>/log.jsonl` (a line every `--log-every`
 steps, validation lines, and at the end the per-step losses of the last 100 steps), and
 one `train` record in `runs/<run>/records.jsonl`. "Last-100" is the mean training loss
 over the last 100 optimizer steps, "last-1000" over the last 1000; tokens/s is the median
 over logged intervals after the first 100 steps (warm-up), counting B*T predicted bytes
-per step over all ranks.
+per step over all ranks, with validation and checkpoint time left out. The record also
+says how much of the training split the run read (`data_passes`, flagged past one pass)
+and which kernel path every layer ran (`paths.PathProbe`, probed on the first step).
 
 Several GPUs: `torchrun --nproc_per_node N -m elman train ...` trains one model with
 DDP; each rank draws its own windows, rank 0 logs, checkpoints and records.
@@ -45,6 +58,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import schedulefree
 import torch
 import torch.distributed as dist
@@ -54,9 +68,11 @@ from tqdm import tqdm
 from ..core import records
 from .data import DEFAULT_DATA, Batches, ByteData, DataError
 from .lm import LadderLM, n_params
+from .paths import PathProbe, summary as path_summary
 
 FORMAT = "elman-train-1"
 WARMUP_EXCLUDED_STEPS = 100  # tokens/s median ignores intervals ending before this step
+SE_TARGET = 0.005  # nats/byte: the validation standard error the split is sized for
 EXIT_NONFINITE, EXIT_SIGINT, EXIT_SIGTERM = 3, 130, 143
 
 DEFAULTS: dict[str, Any] = {
@@ -64,7 +80,7 @@ DEFAULTS: dict[str, Any] = {
     "norm": "auto", "grad_checkpoint": False, "data": str(DEFAULT_DATA), "batch": 32, "seq": 512,
     "lr": 3e-4, "warmup": 1000, "betas": [0.9, 0.95], "weight_decay": 0.01, "grad_clip": 1.0,
     "seed": 42, "steps": None, "minutes": None, "precision": None, "device": None,
-    "log_every": 10, "val_every": 500, "val_windows": 256, "save_every": 1000,
+    "log_every": 10, "val_every": 500, "val_windows": 2048, "save_every": 1000,
     "name": None, "runs_dir": None, "checkpoint_dir": None, "resume": None,
 }
 # What --resume lets you change; everything else comes from the checkpoint.
@@ -103,7 +119,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a("--device", help="cpu, cuda, cuda:1 (default cuda if available)")
     a("--log-every", type=int, help=f"steps per log line (default {d['log_every']})")
     a("--val-every", type=int, help=f"steps between validations (default {d['val_every']})")
-    a("--val-windows", type=int, help=f"fixed held-out windows (default {d['val_windows']})")
+    a("--val-windows", type=int, help=f"evenly spaced held-out tiles per interval evaluation, "
+                                       f"0 for all; the final one uses all (default {d['val_windows']})")
     a("--save-every", type=int, help=f"steps between checkpoints (default {d['save_every']})")
     a("--name", help="run name (default <level>_d<dim>x<depth>)")
     a("--runs-dir", help="records folder (default: $ELMAN_RUN_DIR or a new runs/<stamp>_<commit>_<gpu>)")
@@ -149,9 +166,11 @@ def config(args: argparse.Namespace) -> dict[str, Any]:
     cfg = {**DEFAULTS, **given}
     if cfg["steps"] is None and cfg["minutes"] is None:
         raise TrainError("give a budget: --steps N or --minutes M (the protocol is --minutes 10)")
-    for key in ("dim", "depth", "batch", "seq", "log_every", "val_every", "val_windows", "save_every"):
+    for key in ("dim", "depth", "batch", "seq", "log_every", "val_every", "save_every"):
         if cfg[key] < 1:
             raise TrainError(f"--{key.replace('_', '-')} must be positive, got {cfg[key]}")
+    if cfg["val_windows"] < 0:
+        raise TrainError(f"--val-windows must be 0 (all) or positive, got {cfg['val_windows']}")
     cfg["name"] = cfg["name"] or f"{cfg['level']}_d{cfg['dim']}x{cfg['depth']}"
     return cfg
 
@@ -317,17 +336,32 @@ class _Signals:
 # The loop
 
 
-def evaluate(model: torch.nn.Module, batches: list, device: torch.device, amp) -> float:
-    """Mean next-byte loss over fixed windows (every window has T targets)."""
-    total, n = 0.0, 0
+def evaluate(model: torch.nn.Module, data: ByteData, positions: np.ndarray, T: int, batch: int,
+             device: torch.device, amp) -> dict:
+    """Next-byte loss over the validation windows at `positions` (each predicts T bytes):
+    mean in nats/byte and bits/byte with the standard error over window means, the window
+    count the SE target needs, and the mean per source of the predicted bytes."""
+    names, src = data.target_sources(positions, T)
+    sums, counts = np.zeros(len(names)), np.zeros(len(names))
+    means = []
     with torch.no_grad(), amp():
-        for b in batches:
-            x = torch.from_numpy(b).to(device).long()
+        for i in range(0, len(positions), batch):
+            x = torch.from_numpy(data.windows(positions[i:i + batch], T)).to(device).long()
             logits = model(x[:, :-1])
-            total += F.cross_entropy(logits.float().flatten(0, 1), x[:, 1:].flatten(),
-                                     reduction="sum").item()
-            n += x[:, 1:].numel()
-    return total / n
+            loss = F.cross_entropy(logits.float().flatten(0, 1), x[:, 1:].flatten(),
+                                   reduction="none").view(x.shape[0], T).double().cpu().numpy()
+            means.append(loss.mean(axis=1))
+            idx = src[i:i + batch]
+            for k in range(len(names)):
+                sums[k] += loss[idx == k].sum()
+                counts[k] += (idx == k).sum()
+    w = np.concatenate(means)
+    sd = float(w.std(ddof=1)) if len(w) > 1 else float("nan")
+    loss, se = float(w.mean()), sd / math.sqrt(len(w))
+    return {"val_loss": loss, "val_se": se, "val_bits": loss / math.log(2),
+            "val_bits_se": se / math.log(2), "windows": len(w), "window_sd": sd,
+            "windows_needed": math.ceil((sd / SE_TARGET) ** 2) if math.isfinite(sd) else None,
+            "per_source": {n: float(sums[k] / counts[k]) for k, n in enumerate(names) if counts[k]}}
 
 
 def _median_rate(rates: list[list[float]]) -> float | None:
@@ -403,7 +437,9 @@ def _run(cfg: dict, signals: _Signals) -> dict:
     if world > 1:
         ids = [device.index] if device.type == "cuda" else None
         ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
-    val_batches = data.val_batches(cfg["val_windows"], cfg["batch"], cfg["seq"], cfg["seed"])
+    val_interval = data.val_positions(cfg["seq"], cfg["val_windows"] or None)
+    val_all = data.val_positions(cfg["seq"])
+    train_bytes = data.val_start
     tokens_per_step = cfg["batch"] * cfg["seq"] * world
     budget_s = cfg["minutes"] * 60 if cfg["minutes"] is not None else math.inf
     budget_steps = cfg["steps"] if cfg["steps"] is not None else math.inf
@@ -434,16 +470,18 @@ def _run(cfg: dict, signals: _Signals) -> dict:
         if world > 1:
             dist.barrier()
 
-    def validate() -> float:
+    def validate(positions: np.ndarray) -> dict:
         with averaged_weights(model, opt):
-            v = evaluate(model, val_batches, device, amp)
-        vals.append([step, v])
-        log("val", step=step, val_loss=v)
+            v = evaluate(model, data, positions, cfg["seq"], cfg["batch"], device, amp)
+        vals.append([step, v["val_loss"]])
+        log("val", step=step, **v)
         return v
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     batches = Batches(data, cfg["batch"], cfg["seq"], cfg["seed"], rank, step, device)
+    probe = PathProbe(model)
+    kernel_paths = None
     bar = tqdm(total=None if budget_steps == math.inf else budget_steps, initial=step, disable=not lead,
                unit="step", dynamic_ncols=True, mininterval=1 if sys.stderr.isatty() else 30)
     t0, paused = None, 0.0
@@ -476,6 +514,9 @@ def _run(cfg: dict, signals: _Signals) -> dict:
                 raise NonFinite(msg)
             opt.step()
             opt.zero_grad(set_to_none=True)
+            if kernel_paths is None:
+                kernel_paths = probe.result()
+                probe.close()
             step = k + 1
             losses.append(loss_v)
             window.append((loss_v, gnorm_v))
@@ -500,7 +541,7 @@ def _run(cfg: dict, signals: _Signals) -> dict:
             bar.update(1)
             t_pause = time.perf_counter()
             if step % cfg["val_every"] == 0:
-                validate()
+                validate(val_interval)
             if step % cfg["save_every"] == 0:
                 checkpoint()
             pause = time.perf_counter() - t_pause  # neither the budget nor tokens/s count it
@@ -513,6 +554,7 @@ def _run(cfg: dict, signals: _Signals) -> dict:
                 stop = "budget"
                 break
     finally:
+        probe.close()
         batches.close()
         bar.close()
     if stop == "signal":
@@ -523,13 +565,20 @@ def _run(cfg: dict, signals: _Signals) -> dict:
             print(f"elman train: {signal.Signals(signum).name} at step {step}: checkpoint "
                   f"{ckpt_path}; continue with `elman train --resume {ckpt_path.parent}`")
         raise Interrupted(signum)
-    val = vals[-1][1] if vals and vals[-1][0] == step else validate()
+    final = validate(val_all)
     checkpoint()
     peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+    passes = step * cfg["batch"] * (cfg["seq"] + 1) * world / train_bytes
     summary = {
         "steps": step, "tokens": step * tokens_per_step, "elapsed_s": elapsed,
+        "val_loss": final["val_loss"], "val_se": final["val_se"], "val_bits": final["val_bits"],
+        "val_bits_se": final["val_bits_se"], "val_windows": final["windows"],
+        "val_windows_needed": final["windows_needed"], "val_per_source": final["per_source"],
         "last100": _mean(list(losses)[-100:]), "last1000": _mean(losses),
-        "tokens_per_s": _median_rate(rates), "peak_memory_mb": peak, "val_loss": val,
+        "tokens_per_s": _median_rate(rates),
+        "tokens_per_s_mean": step * tokens_per_step / elapsed if elapsed > 0 else None,
+        "data_passes": passes, "past_one_pass": passes > 1, "kernel_paths": kernel_paths,
+        "peak_memory_mb": peak,
         "final_loss": losses[-1] if losses else None,
         "log": str(log_path.relative_to(run_dir)), "checkpoint": str(ckpt_path),
         "n_params": count, "world_size": world, "gpu": env["gpu"],
@@ -543,8 +592,12 @@ def _run(cfg: dict, signals: _Signals) -> dict:
                       data_sha256=(data.manifest or {}).get("sha256"), world_size=world)
         records.write(records.make("train", cfg["level"], f"{model.backend}+{model.norm}",
                                    params, summary), run_dir)
-        print(f"FINAL_LOSS_LAST100: {summary['last100']:.4f}  last-1000 {summary['last1000']:.4f}  "
-              f"val {val:.4f}  tokens/s {_fmt_rate(summary['tokens_per_s'])}  steps {step}")
+        print(f"VAL: {final['val_bits']:.4f} +- {final['val_bits_se']:.4f} bits/byte "
+              f"({final['val_loss']:.4f} +- {final['val_se']:.4f} nats/byte, {final['windows']} windows)  "
+              f"last-100 {summary['last100']:.4f}  last-1000 {summary['last1000']:.4f}  "
+              f"tokens/s {_fmt_rate(summary['tokens_per_s'])}  steps {step}  "
+              f"data passes {passes:.2f}{' (past one pass)' if passes > 1 else ''}  "
+              f"kernels: {path_summary(kernel_paths or {})}")
     return summary
 
 

@@ -1,0 +1,207 @@
+"""Where the default corpus's documents come from: Debian packages the project can install
+on a fresh machine (`apt-get download`), read without installing them. Chapter:
+book/chapters/training_protocol.ipynb.
+
+A `Source` is one named part of the corpus (a code base, or a kind of prose) made of one
+or more packages; each package lists the member paths it contributes (`fnmatch` patterns
+on the path inside the package, archives opened). `package_files` walks a package: a
+`.deb` through `dpkg-deb --fsys-tarfile`, a folder or a tarball directly; archives inside
+it (`.tar.*`, `.zip`) are opened, `.gz`/`.dz` files decompressed and HTML reduced to its
+text, so that a document is always the text a person wrote.
+"""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import subprocess
+import tarfile
+import zipfile
+from dataclasses import dataclass
+from fnmatch import fnmatch
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Iterator
+
+TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.xz", ".tar.bz2", ".tar.zst")
+EVERYWHERE_EXCLUDED = ("*.po", "*.pot", "*/ChangeLog*", "*.svg", "*.map", "*/testdata/*")
+
+
+class SourceError(RuntimeError):
+    """A package cannot be read."""
+
+
+@dataclass(frozen=True)
+class Package:
+    name: str
+    include: tuple[str, ...] = ("*",)
+    chunk: int = 0  # > 0: a file longer than this is cut into documents of about this size
+
+
+def chunks(blob: bytes, size: int) -> list[bytes]:
+    """blob cut into pieces of at most about size bytes, at blank lines where there are some
+    (else at line ends); every byte kept, in order."""
+    out, start = [], 0
+    while len(blob) - start > size:
+        cut = blob.rfind(b"\n\n", start, start + size)
+        cut = cut + 2 if cut > start else blob.rfind(b"\n", start, start + size) + 1
+        if cut <= start:
+            cut = start + size
+        out.append(blob[start:cut])
+        start = cut
+    out.append(blob[start:])
+    return out
+
+
+@dataclass(frozen=True)
+class Source:
+    name: str
+    kind: str  # "code" or "prose"
+    packages: tuple[Package, ...]
+    exclude: tuple[str, ...] = ()
+    about: str = ""
+
+
+NESTED = ("*.tar.*/*",)
+CHUNK = 65536
+SOURCES: tuple[Source, ...] = (
+    Source("linux", "code", (Package("linux-source-6.1", NESTED),),
+           ("*/drivers/gpu/drm/amd/include/asic_reg/*", "*/firmware/*"),
+           "the Linux 6.1 kernel tree (C), without AMD's generated register headers"),
+    Source("gcc", "code", (Package("gcc-12-source", NESTED),), (),
+           "GCC 12 (C, C++, Ada, Fortran, Go front ends and runtime libraries)"),
+    Source("glibc", "code", (Package("glibc-source", NESTED),), ("*/localedata/*",),
+           "the GNU C library 2.36 (C, assembly)"),
+    Source("openjdk", "code", (Package("openjdk-17-source", ("*src.zip/*.java",)),), (),
+           "the OpenJDK 17 class library (Java)"),
+    Source("go", "code", (Package("golang-1.19-src", ("*/src/*.go", "*/src/*.s")),), (),
+           "the Go 1.19 standard library (Go)"),
+    Source("emacs-lisp", "code", (Package("emacs-el", ("*.el",)),), (),
+           "Emacs 28's Lisp sources (Emacs Lisp)"),
+    Source("manuals", "prose", (Package("python3.11-doc", ("*/_sources/*",)),
+                                Package("perl-doc", ("*.pod",), CHUNK),
+                                Package("debian-handbook", ("*/en-US/*.html",)),
+                                Package("gnu-standards", ("*.html",), CHUNK)), (),
+           "the Python 3.11 and Perl manuals, the Debian Administrator's Handbook, GNU coding standards"),
+    Source("man-pages", "prose", (Package("manpages", ("*/man/*",)),
+                                  Package("manpages-dev", ("*/man/*",))), (),
+           "the Linux man pages (roff)"),
+    Source("books", "prose", (Package("dict-gcide", ("*.dict",), CHUNK),
+                              Package("bible-kjv-text", ("*/bible.data",), CHUNK),
+                              Package("fortunes-min", ("*/fortunes/*",))), (),
+           "the GNU Collaborative International Dictionary of English, the King James Bible, fortunes"),
+)
+
+
+class _Text(HTMLParser):
+    SKIP = {"script", "style", "head"}
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.parts: list[str] = []
+        self.skipping = 0
+
+    def handle_starttag(self, tag, attrs):
+        self.skipping += tag in self.SKIP
+
+    def handle_endtag(self, tag):
+        self.skipping -= tag in self.SKIP and self.skipping > 0
+
+    def handle_data(self, data):
+        if not self.skipping:
+            self.parts.append(data)
+
+
+def html_text(blob: bytes) -> bytes:
+    """The text of an HTML page, blank-line runs collapsed."""
+    parser = _Text()
+    parser.feed(blob.decode("utf-8", errors="replace"))
+    lines = [line.rstrip() for line in "".join(parser.parts).splitlines()]
+    out, blank = [], False
+    for line in lines:
+        if line or not blank:
+            out.append(line)
+        blank = not line
+    return "\n".join(out).strip().encode()
+
+
+def expand(name: str, blob: bytes) -> Iterator[tuple[str, bytes]]:
+    """The documents of one file: archive members (recursively), decompressed files, text."""
+    low = name.lower()
+    if low.endswith(TAR_SUFFIXES):
+        with tarfile.open(fileobj=io.BytesIO(blob), mode="r|*") as tar:
+            for m in tar:
+                if m.isfile():
+                    yield from expand(f"{name}/{m.name.lstrip('./')}", tar.extractfile(m).read())
+    elif low.endswith(".zip"):
+        with zipfile.ZipFile(io.BytesIO(blob)) as z:
+            for info in sorted(z.infolist(), key=lambda i: i.filename):
+                if not info.is_dir():
+                    yield from expand(f"{name}/{info.filename}", z.read(info))
+    elif low.endswith((".gz", ".dz")):
+        try:
+            inner = gzip.decompress(blob)
+        except (OSError, EOFError):
+            yield name, blob
+            return
+        yield from expand(name[:-3], inner)
+    elif low.endswith((".html", ".htm")):
+        yield name, html_text(blob)
+    else:
+        yield name, blob
+
+
+def package_files(path: Path) -> Iterator[tuple[str, bytes]]:
+    """(path inside the package, bytes) for every document-bearing file of a package: a .deb,
+    a folder or a tarball; in archive order (a folder: sorted)."""
+    path = Path(path)
+    if path.is_dir():
+        for f in sorted(p for p in path.rglob("*") if p.is_file()):
+            yield from expand(f.relative_to(path).as_posix(), f.read_bytes())
+        return
+    if path.suffix == ".deb":
+        proc = subprocess.Popen(["dpkg-deb", "--fsys-tarfile", str(path)], stdout=subprocess.PIPE)
+        try:
+            with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
+                for m in tar:
+                    if m.isfile():
+                        yield from expand(m.name.lstrip("./"), tar.extractfile(m).read())
+        finally:
+            proc.stdout.close()
+            if proc.wait() != 0:
+                raise SourceError(f"`dpkg-deb --fsys-tarfile {path}` failed (exit {proc.returncode})")
+        return
+    with tarfile.open(path, mode="r|*") as tar:
+        for m in tar:
+            if m.isfile():
+                yield from expand(m.name.lstrip("./"), tar.extractfile(m).read())
+
+
+def package_info(path: Path) -> dict:
+    """Name, version, file name and sha256 of a package (of a folder: of its sorted files)."""
+    path = Path(path)
+    h = hashlib.sha256()
+    if path.is_dir():
+        for f in sorted(p for p in path.rglob("*") if p.is_file()):
+            h.update(f.relative_to(path).as_posix().encode() + b"\0" + f.read_bytes())
+        return {"package": path.name, "version": None, "file": path.name, "sha256": h.hexdigest()}
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            h.update(block)
+    info = {"package": path.name.split("_")[0], "version": None, "file": path.name,
+            "sha256": h.hexdigest()}
+    if path.suffix == ".deb":
+        out = subprocess.run(["dpkg-deb", "-f", str(path), "Package", "Version"],
+                             capture_output=True, text=True, check=True).stdout
+        fields = dict(line.split(": ", 1) for line in out.splitlines() if ": " in line)
+        info.update(package=fields.get("Package", info["package"]), version=fields.get("Version"))
+    return info
+
+
+def included(name: str, package: Package, source: Source) -> str | None:
+    """None if the file is one of the package's documents, else why not ('path')."""
+    if not any(fnmatch(name, p) for p in package.include):
+        return "not-included"
+    if any(fnmatch(name, p) for p in source.exclude + EVERYWHERE_EXCLUDED):
+        return "path"
+    return None
