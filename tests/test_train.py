@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
 import os
 import shutil
 import signal
@@ -11,12 +13,13 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
-from elman.training import train
+from elman.training import data, train
 from elman.cli import main as cli
-from elman.training.data import TEST_SLICE
+from elman.training.data import TEST_SLICE, ByteData
 from elman.training.lm import LadderLM
 
 TINY = ["--level", "E1", "--dim", "32", "--depth", "2", "--batch", "8", "--seq", "32",
@@ -223,3 +226,156 @@ def test_bf16_training_on_gpu_through_the_cli(tmp_path):
     assert rec["params"]["precision"] == "bf16" and rec["params"]["norm"] == "fused"
     assert rec["env"]["gpu"] and rec["metrics"]["peak_memory_mb"] > 0
     assert rec["metrics"]["last100"] < 5.0
+
+
+# ---------------------------------------------------------------------------------------
+# Evaluation and the metric
+
+
+def _steps(model, opt, n: int) -> None:
+    g = torch.Generator().manual_seed(0)
+    for _ in range(n):
+        model.loss(torch.randint(0, 256, (4, 33), generator=g)).backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def test_evaluation_uses_the_averaged_weights_and_switches_back():
+    c = cfg(*TINY, "--steps", "1")
+    model, opt = train.build(c, torch.device("cpu"))
+    _steps(model, opt, 5)
+    twin, twin_opt = train.build(c, torch.device("cpu"))
+    twin.load_state_dict(model.state_dict())
+    twin_opt.load_state_dict(opt.state_dict())
+    twin_opt.eval()                                                # the library's own switch
+    before = [p.detach().clone() for p in model.parameters()]
+    with train.averaged_weights(model, opt):
+        assert not model.training and not opt.param_groups[0]["train_mode"]
+        inside = [p.detach().clone() for p in model.parameters()]
+    assert all(torch.allclose(a, b) for a, b in zip(inside, twin.parameters()))
+    assert any(not torch.equal(a, b) for a, b in zip(inside, before))
+    assert model.training and opt.param_groups[0]["train_mode"]
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))   # bit for bit
+
+
+def test_every_evaluation_in_a_run_is_on_averaged_weights(tmp_path, monkeypatch):
+    seen = []
+    evaluate = train.evaluate
+
+    def spy(model, *args):
+        seen.append(model.training)
+        return evaluate(model, *args)
+
+    monkeypatch.setattr(train, "evaluate", spy)
+    switches = []
+    for name in ("eval", "train"):
+        method = getattr(train.schedulefree.AdamWScheduleFree, name)
+        monkeypatch.setattr(train.schedulefree.AdamWScheduleFree, name,
+                            lambda self, _m=method, _n=name: (switches.append(_n), _m(self))[1])
+    train.run(cfg(*TINY, "--steps", "6", "--val-every", "3", "--save-every", "100",
+                  "--runs-dir", str(tmp_path / "r"), "--checkpoint-dir", str(tmp_path / "c")))
+    assert seen == [False, False, False]                           # steps 3, 6 and the final one
+    assert switches[0] == "train" and switches[1:] == ["eval", "train"] * ((len(switches) - 1) // 2)
+
+
+def test_the_record_carries_the_headline_metric(tmp_path):
+    runs = tmp_path / "r"
+    s = train.run(cfg(*TINY, "--steps", "10", "--val-every", "5", "--log-every", "5",
+                      "--runs-dir", str(runs), "--checkpoint-dir", str(tmp_path / "c")))
+    rec = json.loads((runs / "records.jsonl").read_text())["metrics"]
+    assert rec == json.loads(json.dumps(s))
+    assert rec["val_bits"] == pytest.approx(rec["val_loss"] / math.log(2))
+    assert rec["val_bits_se"] == pytest.approx(rec["val_se"] / math.log(2)) and rec["val_se"] > 0
+    d = ByteData(TEST_SLICE)
+    assert rec["val_windows"] == d.val_tiles(32)                   # the final evaluation: every tile
+    vals = [e for e in log_lines(runs / "train" / "E1_d32x2" / "log.jsonl") if e["kind"] == "val"]
+    assert [v["windows"] for v in vals] == [16, 16, d.val_tiles(32)]
+    final = vals[-1]
+    assert final["val_se"] == pytest.approx(final["window_sd"] / math.sqrt(final["windows"]))
+    assert final["windows_needed"] == math.ceil((final["window_sd"] / train.SE_TARGET) ** 2)
+    assert rec["val_per_source"] == final["per_source"] and set(final["per_source"]) == {"all"}
+    assert rec["data_passes"] == pytest.approx(10 * 8 * 33 / d.val_start) and not rec["past_one_pass"]
+    assert [layer["forward"] for layer in rec["kernel_paths"]["layers"]] == ["reference", "reference"]
+    end = [e for e in log_lines(runs / "train" / "E1_d32x2" / "log.jsonl") if e["kind"] == "end"][-1]
+    assert rec["last100"] == pytest.approx(sum(end["losses"]) / 10) == rec["last1000"]
+
+
+def test_a_run_past_one_pass_is_flagged(tmp_path):
+    f = tmp_path / "small.bin"
+    f.write_bytes(np.random.default_rng(0).integers(0, 256, 5000, dtype=np.uint8).tobytes())
+    s = train.run(cfg(*TINY[:-2], "--data", str(f), "--steps", "30", "--val-windows", "0",
+                      "--runs-dir", str(tmp_path / "r"), "--checkpoint-dir", str(tmp_path / "c")))
+    assert s["data_passes"] == pytest.approx(30 * 8 * 33 / ByteData(f).val_start)
+    assert s["past_one_pass"]
+
+
+def test_tokens_per_second_leave_evaluation_out(tmp_path, monkeypatch):
+    evaluate = train.evaluate
+
+    def slow(*args):
+        time.sleep(1.0)
+        return evaluate(*args)
+
+    monkeypatch.setattr(train, "evaluate", slow)
+    s = train.run(cfg(*TINY, "--steps", "8", "--val-every", "2", "--log-every", "2",
+                      "--runs-dir", str(tmp_path / "r"), "--checkpoint-dir", str(tmp_path / "c")))
+    assert s["elapsed_s"] < 4.0                                    # 5 evaluations slept 5 s
+    rates = [e["tokens_per_s"] for e in log_lines(tmp_path / "r" / "train" / "E1_d32x2" / "log.jsonl")
+             if e["kind"] == "train"]
+    assert min(rates) > 8 * 32 * 2 / 1.0                           # no interval holds a sleep
+    assert s["tokens_per_s_mean"] == pytest.approx(8 * 8 * 32 / s["elapsed_s"])
+
+
+def test_evaluation_reports_loss_per_source(tmp_path):
+    rng = np.random.default_rng(1)
+    a, b = b"ab" * 400, rng.integers(0, 256, 800, dtype=np.uint8).tobytes().replace(b"\x1e", b"x")
+    train_part = rng.integers(0, 256, 4000, dtype=np.uint8).tobytes()
+    blob = train_part + b"\x1e" + a + b"\x1e" + b
+    f = tmp_path / "two.txt"
+    f.write_bytes(blob)
+    off = len(train_part) + 1
+    data.manifest_path(f).write_text(json.dumps({"bytes": len(blob), "val": {
+        "offset": off, "sources": [["a", off, off + len(a)], ["b", off + len(a) + 1, len(blob)]]}}))
+    d = ByteData(f)
+    model = LadderLM("E1", 16, 1, backend="reference")
+    r = train.evaluate(model, d, d.val_positions(32), 32, 8, torch.device("cpu"), contextlib.nullcontext)
+    assert set(r["per_source"]) == {"a", "b"} and r["windows"] == (len(blob) - off - 1) // 32
+    names, src = d.target_sources(d.val_positions(32), 32)
+    n = [(src == k).sum() for k in range(2)]
+    mixed = (r["per_source"]["a"] * n[0] + r["per_source"]["b"] * n[1]) / (n[0] + n[1])
+    assert mixed == pytest.approx(r["val_loss"], abs=0.05)        # only the separator is in neither
+
+
+def test_path_probe_records_every_layer(monkeypatch):
+    import types
+    from elman.training.paths import PathProbe, op_paths, summary
+    fake = types.ModuleType("elman.families.fake.op")
+    fake.last_path = {}
+    monkeypatch.setitem(sys.modules, "elman.families.fake.op", fake)
+
+    class Layer(torch.nn.Module):
+        def __init__(self, path):
+            super().__init__()
+            self.path, self.backend, self.w = path, "cuda", torch.nn.Parameter(torch.ones(1))
+
+        def forward(self, x):
+            if self.path:
+                fake.last_path["forward"] = self.path
+                fake.last_path["backward"] = self.path
+            return x * self.w
+
+    model = torch.nn.Module()
+    model.layers = torch.nn.ModuleList([Layer("persistent"), Layer(None), Layer("steps")])
+    probe = PathProbe(model)
+    x = torch.ones(2)
+    for layer in model.layers:
+        x = layer(x)
+    x.sum().backward()
+    r = probe.result()
+    probe.close()
+    assert "fake.op" in op_paths()
+    assert [layer["forward"] for layer in r["layers"]] == [{"fake.op": "persistent"}, "pytorch",
+                                                           {"fake.op": "steps"}]
+    assert r["backward"] == {"fake.op": "steps"}
+    assert summary(r) == "fake.op:persistent x1; pytorch x1; fake.op:steps x1"
+    assert not model.layers[0]._forward_hooks
