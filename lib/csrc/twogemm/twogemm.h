@@ -1,6 +1,6 @@
 // Plain C++ launchers of the two-GEMM family's fused stages (no torch headers): the binding
 // (binding.cpp) validates every input and calls these; the GEMMs between stages are the
-// caller's (torch/cuBLAS). T is float or __nv_bfloat16; arithmetic is fp32. The math of each
+// caller's (torch and cuBLAS). T is float or __nv_bfloat16; arithmetic is fp32. The math of each
 // stage is lib/elman/families/twogemm/stages.py.
 #pragma once
 
