@@ -298,6 +298,19 @@ def test_the_record_carries_the_headline_metric(tmp_path):
     assert [layer["forward"] for layer in rec["kernel_paths"]["layers"]] == ["reference", "reference"]
     end = [e for e in log_lines(runs / "train" / "E1_d32x2" / "log.jsonl") if e["kind"] == "end"][-1]
     assert rec["last100"] == pytest.approx(sum(end["losses"]) / 10) == rec["last1000"]
+    assert rec["kernels"] == "reference x2"
+
+
+def test_results_headline_table(tmp_path, capsys):
+    runs = tmp_path / "r"
+    train.run(cfg(*TINY, "--steps", "4", "--runs-dir", str(runs), "--checkpoint-dir", str(tmp_path / "c")))
+    rec = json.loads((runs / "records.jsonl").read_text())["metrics"]
+    capsys.readouterr()
+    assert cli(["results", str(runs), "--headline"]) == 0
+    md = capsys.readouterr().out.splitlines()
+    assert md[0].startswith("| name | level | params | steps | val_bits | last100 | last1000 |")
+    assert f"| {rec['val_bits']:.4f} ± {rec['val_bits_se']:.4f} |" in md[2]
+    assert "| reference x2 |" in md[2] and f"| {rec['data_passes']:.2f} |" in md[2]
 
 
 def test_a_run_past_one_pass_is_flagged(tmp_path):

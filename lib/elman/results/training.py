@@ -3,6 +3,12 @@
 One row per run name in each run folder (the latest record wins, so a resumed run counts
 once): parameters, steps, last-100 loss (mean over the last 100 optimizer steps),
 last-1000, validation loss, tokens/s, peak memory, GPU. Markdown, CSV or JSON.
+
+The headline (`--headline`, `HEADLINE`) is the validation loss in bits/byte with its
+standard error, beside last-100 and last-1000 (nats/byte), tokens/s without evaluation
+time, how many passes over the training split the run made (flagged past one) and the
+kernel paths its layers ran. Rows are sorted by validation loss (last-100 for records
+without one).
 """
 from __future__ import annotations
 
@@ -16,10 +22,13 @@ from ..core import records
 
 COLUMNS = ("name", "level", "params", "dim", "depth", "batch", "steps", "last100", "last1000",
            "val_loss", "tokens_per_s", "peak_memory_mb", "gpu", "run")
+HEADLINE = ("name", "level", "params", "steps", "val_bits", "last100", "last1000", "tokens_per_s",
+            "data_passes", "peak_memory_mb", "kernels", "gpu")
 
 
 def rows(recs: list[dict]) -> list[dict]:
-    """Table rows from train records, the latest per (run, name), sorted by last-100."""
+    """Table rows from train records, the latest per (run, name), sorted by validation loss
+    (by last-100 where a record has none)."""
     latest: dict[tuple[str, str], dict] = {}
     for r in recs:
         if r["kind"] == "train":
@@ -33,8 +42,17 @@ def rows(recs: list[dict]) -> list[dict]:
                     "steps": m["steps"], "last100": m["last100"], "last1000": m["last1000"],
                     "val_loss": m["val_loss"], "tokens_per_s": m["tokens_per_s"],
                     "peak_memory_mb": m["peak_memory_mb"], "gpu": r["env"].get("gpu") or "cpu",
-                    "run": r.get("run", ""), "log": m["log"]})
-    return sorted(out, key=lambda row: (row["last100"] is None, row["last100"] or 0.0))
+                    "run": r.get("run", ""), "log": m["log"],
+                    "val_bits": m.get("val_bits"), "val_bits_se": m.get("val_bits_se"),
+                    "val_se": m.get("val_se"), "val_windows": m.get("val_windows"),
+                    "val_per_source": m.get("val_per_source"), "data_passes": m.get("data_passes"),
+                    "tokens_per_s_mean": m.get("tokens_per_s_mean"),
+                    "kernels": m.get("kernels")})
+
+    def key(row: dict) -> tuple:
+        v = row["val_loss"] if row["val_loss"] is not None else row["last100"]
+        return (v is None, v or 0.0)
+    return sorted(out, key=key)
 
 
 def read_log(runs: Path, row: dict) -> dict[str, list]:
@@ -55,7 +73,18 @@ def read_log(runs: Path, row: dict) -> dict[str, list]:
             cols[k].append(train[s][k])
     cols["val_step"] = sorted(val)
     cols["val_loss"] = [val[s]["val_loss"] for s in sorted(val)]
+    cols["val_se"] = [val[s].get("val_se") for s in sorted(val)]
+    cols["val_per_source"] = [val[s].get("per_source", {}) for s in sorted(val)]
     return cols
+
+
+def _cell(key: str, row: dict) -> str:
+    v = row.get(key)
+    if key == "val_bits" and v is not None and row.get("val_bits_se") is not None:
+        return f"{v:.4f} ± {row['val_bits_se']:.4f}"
+    if key == "data_passes" and v is not None:
+        return f"{v:.2f}" + (" (past one pass)" if v > 1 else "")
+    return _fmt(key, v)
 
 
 def _fmt(key: str, v) -> str:
@@ -63,7 +92,7 @@ def _fmt(key: str, v) -> str:
         return "-"
     if key == "params":
         return f"{v / 1e6:.2f}M"
-    if key in ("last100", "last1000", "val_loss"):
+    if key in ("last100", "last1000", "val_loss", "val_bits"):
         return f"{v:.4f}"
     if key in ("tokens_per_s", "peak_memory_mb"):
         return f"{v:,.0f}"
@@ -72,7 +101,7 @@ def _fmt(key: str, v) -> str:
 
 def markdown(table: list[dict], columns: tuple[str, ...] = COLUMNS) -> str:
     head = "| " + " | ".join(columns) + " |\n|" + "---|" * len(columns) + "\n"
-    return head + "".join("| " + " | ".join(_fmt(c, r[c]) for c in columns) + " |\n" for r in table)
+    return head + "".join("| " + " | ".join(_cell(c, r) for c in columns) + " |\n" for r in table)
 
 
 def to_csv(table: list[dict], columns: tuple[str, ...] = COLUMNS) -> str:
@@ -88,6 +117,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run folders or records.jsonl files (default: every run in runs/)")
     p.add_argument("--format", choices=("md", "csv", "json"), default="md")
     p.add_argument("--level", action="append", help="only these levels (repeatable)")
+    p.add_argument("--headline", action="store_true",
+                   help="the headline columns: validation bits/byte with its standard error first")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -98,12 +129,13 @@ def main(args: argparse.Namespace) -> int:
     if not table:
         print("no train records found")
         return 1
+    columns = HEADLINE if args.headline else COLUMNS
     if args.format == "json":
         print(json.dumps(table, indent=2))
     elif args.format == "csv":
-        print(to_csv(table), end="")
+        print(to_csv(table, columns), end="")
     else:
-        print(markdown(table), end="")
+        print(markdown(table, columns), end="")
     return 0
 
 

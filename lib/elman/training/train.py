@@ -578,6 +578,7 @@ def _run(cfg: dict, signals: _Signals) -> dict:
         "tokens_per_s": _median_rate(rates),
         "tokens_per_s_mean": step * tokens_per_step / elapsed if elapsed > 0 else None,
         "data_passes": passes, "past_one_pass": passes > 1, "kernel_paths": kernel_paths,
+        "kernels": path_summary(kernel_paths or {}),
         "peak_memory_mb": peak,
         "final_loss": losses[-1] if losses else None,
         "log": str(log_path.relative_to(run_dir)), "checkpoint": str(ckpt_path),
@@ -597,7 +598,7 @@ def _run(cfg: dict, signals: _Signals) -> dict:
               f"last-100 {summary['last100']:.4f}  last-1000 {summary['last1000']:.4f}  "
               f"tokens/s {_fmt_rate(summary['tokens_per_s'])}  steps {step}  "
               f"data passes {passes:.2f}{' (past one pass)' if passes > 1 else ''}  "
-              f"kernels: {path_summary(kernel_paths or {})}")
+              f"kernels: {summary['kernels']}")
     return summary
 
 
