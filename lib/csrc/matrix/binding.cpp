@@ -121,6 +121,10 @@ std::vector<std::string> steps() {
 
 }  // namespace
 
+namespace elman {
+void register_gated(pybind11::module& m);  // gated_binding.cpp
+}  // namespace elman
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "elman matrix-state family kernels (lib/csrc/matrix)";
   m.def("steps", &steps, "names of the step table, in id order");
@@ -132,4 +136,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("ckpt"), py::arg("d_o"), py::arg("d_S_T"), py::arg("dq"), py::arg("dk"),
         py::arg("dv"), py::arg("d_decay"), py::arg("d_beta"), py::arg("dh0"), py::arg("step"),
         py::arg("K"), py::arg("group") = 0);
+  elman::register_gated(m);
 }
