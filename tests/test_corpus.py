@@ -97,7 +97,7 @@ def test_near_duplicates_by_minhash():
 # Packages
 
 
-def test_expand_opens_archives_and_reduces_html(tmp_path):
+def test_expand_opens_archives_and_reduces_html():
     import gzip
     import io
     import tarfile
@@ -106,16 +106,20 @@ def test_expand_opens_archives_and_reduces_html(tmp_path):
     with zipfile.ZipFile(buf, "w") as z:
         z.writestr("pkg/A.java", "class A {}\n")
     tbuf = io.BytesIO()
+    inner = {"t/src.zip": buf.getvalue(), "t/page.html":
+             b"<html><head><title>x</title></head><body><p>Hello</p>\n\n\n<p>world</p></body></html>",
+             "t/man.1.gz": gzip.compress(b".TH X 1\n"), "t/broken.tar.gz": b"not a tarball"}
     with tarfile.open(fileobj=tbuf, mode="w:xz") as tar:
-        for name, blob in {"t/src.zip": buf.getvalue(), "t/page.html":
-                           b"<html><head><title>x</title></head><body><p>Hello</p>\n\n\n<p>world</p></body></html>",
-                           "t/man.1.gz": gzip.compress(b".TH X 1\n")}.items():
+        for name, blob in inner.items():
             info = tarfile.TarInfo(name)
             info.size = len(blob)
             tar.addfile(info, io.BytesIO(blob))
     out = dict(expand("p.tar.xz", tbuf.getvalue()))
-    assert out == {"p.tar.xz/t/src.zip/pkg/A.java": b"class A {}\n",
-                   "p.tar.xz/t/page.html": b"Hello\n\nworld", "p.tar.xz/t/man.1": b".TH X 1\n"}
+    assert out == {"p.tar.xz/t/src.zip": buf.getvalue(),            # archives in archives stay files
+                   "p.tar.xz/t/page.html": b"Hello\n\nworld", "p.tar.xz/t/man.1": b".TH X 1\n",
+                   "p.tar.xz/t/broken.tar.gz": b"not a tarball"}
+    assert dict(expand("lib/src.zip", buf.getvalue())) == {"lib/src.zip/pkg/A.java": b"class A {}\n"}
+    assert dict(expand("x.tar.gz", b"garbage")) == {"x.tar.gz": b"garbage"}
 
 
 def test_chunks_cut_at_blank_lines_and_keep_every_byte():

@@ -125,26 +125,34 @@ def html_text(blob: bytes) -> bytes:
     return "\n".join(out).strip().encode()
 
 
-def expand(name: str, blob: bytes) -> Iterator[tuple[str, bytes]]:
-    """The documents of one file: archive members (recursively), decompressed files, text."""
+def expand(name: str, blob: bytes, nested: bool = False) -> Iterator[tuple[str, bytes]]:
+    """The documents of one file: the members of an archive that the package ships
+    (archives inside those are files like any other), decompressed .gz/.dz files, the text
+    of HTML pages. An archive that cannot be read is one (binary) file."""
     low = name.lower()
-    if low.endswith(TAR_SUFFIXES):
-        with tarfile.open(fileobj=io.BytesIO(blob), mode="r|*") as tar:
-            for m in tar:
-                if m.isfile():
-                    yield from expand(f"{name}/{m.name.lstrip('./')}", tar.extractfile(m).read())
-    elif low.endswith(".zip"):
-        with zipfile.ZipFile(io.BytesIO(blob)) as z:
-            for info in sorted(z.infolist(), key=lambda i: i.filename):
-                if not info.is_dir():
-                    yield from expand(f"{name}/{info.filename}", z.read(info))
-    elif low.endswith((".gz", ".dz")):
+    try:
+        if low.endswith(TAR_SUFFIXES) and not nested:
+            with tarfile.open(fileobj=io.BytesIO(blob), mode="r|*") as tar:
+                for m in tar:
+                    if m.isfile():
+                        yield from expand(f"{name}/{m.name.lstrip('./')}", tar.extractfile(m).read(), True)
+            return
+        if low.endswith(".zip") and not nested:
+            with zipfile.ZipFile(io.BytesIO(blob)) as z:
+                for info in sorted(z.infolist(), key=lambda i: i.filename):
+                    if not info.is_dir():
+                        yield from expand(f"{name}/{info.filename}", z.read(info), True)
+            return
+    except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError):
+        yield name, blob
+        return
+    if low.endswith((".gz", ".dz")):
         try:
             inner = gzip.decompress(blob)
         except (OSError, EOFError):
             yield name, blob
             return
-        yield from expand(name[:-3], inner)
+        yield from expand(name[:-3], inner, nested)
     elif low.endswith((".html", ".htm")):
         yield name, html_text(blob)
     else:
