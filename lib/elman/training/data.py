@@ -57,6 +57,7 @@ CORPORA = {MIX_NAME: ROOT / "data" / f"{MIX_NAME}.txt", CORPUS_NAME: ROOT / "dat
 DEFAULT_DATA = CORPORA[MIX_NAME]
 CACHE = ROOT / ".cache" / "data"
 TEST_SLICE = ROOT / "tests" / "data" / f"{CORPUS_NAME}-slice.txt"
+MIX_SLICE = ROOT / "tests" / "data" / f"{MIX_NAME}-slice.txt"
 SHUFFLE_SEED = 1990
 VAL_FRACTION = 0.01
 _TRAIN = 0  # the generator domain of training windows
