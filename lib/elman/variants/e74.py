@@ -282,8 +282,9 @@ def _entry(name: str, opts: dict, aliases: tuple[str, ...] = (), grid: bool = Fa
         return Entry(family="matrix", kind="variant", tolerance=inputs_tolerance(), parity=None,
                      cuda_op=None, notes="reference only: no CUDA kernel for this combination", **fields)
     cases = _grid_cases if grid else (lambda shape: [("", _layer({**o, "n_state": shape.n or n}))])
+    op = "elman_matrix.forward/backward" if o["update"] == "delta" else "elman_matrix.gated_forward/gated_backward"
     return entry(cell=_core_cell(o["state"], o["update"], o["proj"], o["nonlin"]), layer_cases=cases,
-                 **fields)
+                 cuda_op=op, **fields)
 
 
 def inputs_tolerance():
