@@ -88,13 +88,14 @@ def layer_record(entry: Entry, B: int, dim: int, expansion: float, n: int | None
 
 
 def table(recs: list[dict]) -> str:
-    """One row per single-state bench record (recurrence or layer), in record order."""
-    rows = [r for r in recs if r["params"].get("measure") in ("single_recurrence", "single_layer")]
+    """One row per single-state bench record (recurrence or layer) and per whole-layer record of
+    `elman bench` (measure 'layer', e.g. E88 beside them), in record order."""
+    rows = [r for r in recs if r["params"].get("measure") in ("single_recurrence", "single_layer", "layer")]
     lines = ["| level | measure | B | d | e | n | forward (ms) | fwd + bwd (ms) | peak memory (MB) |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         p, m = r["params"], r["metrics"]
-        lines.append(f"| {r['variant']} | {p['measure'].removeprefix('single_')} | {p['B']} "
+        lines.append(f"| {r['variant']} | {p['measure'].removeprefix('single_')} | {p.get('B', '')} "
                      f"| {p.get('D', '')} | {p.get('expansion', '')} | {p.get('n', '')} "
                      f"| {m['fwd_ms']['median']:.3f} | {m['fwdbwd_ms']['median']:.3f} | {m['peak_mem_mb']:.0f} |")
     return "\n".join(lines)
@@ -116,6 +117,25 @@ def plot(recs: list[dict], measure: str = "single_recurrence", title: str = ""):
     ax.set_ylabel("ms (median)")
     ax.set_title(title)
     ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def plot_grid(recs: list[dict], measure: str = "single_layer", title: str = ""):
+    """Forward + backward (ms) against n, one line per level; None without records."""
+    rows = [r for r in recs if r["params"].get("measure") == measure and r["params"].get("n")]
+    if not rows:
+        return None
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.4))
+    for level in dict.fromkeys(r["variant"] for r in rows):
+        pts = sorted((r["params"]["n"], r["metrics"]["fwdbwd_ms"]["median"]) for r in rows if r["variant"] == level)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=level)
+    ax.set_xlabel("n (state size)")
+    ax.set_ylabel("fwd + bwd (ms, median)")
+    ax.set_title(title)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
 
