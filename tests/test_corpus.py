@@ -114,12 +114,13 @@ def test_expand_opens_archives_and_reduces_html():
             info = tarfile.TarInfo(name)
             info.size = len(blob)
             tar.addfile(info, io.BytesIO(blob))
-    out = dict(expand("p.tar.xz", tbuf.getvalue()))
+    assert dict(expand("p.tar.xz", tbuf.getvalue())) == {"p.tar.xz": tbuf.getvalue()}  # not named
+    out = dict(expand("p.tar.xz", tbuf.getvalue(), ("*.tar.xz",)))
     assert out == {"p.tar.xz/t/src.zip": buf.getvalue(),            # archives in archives stay files
                    "p.tar.xz/t/page.html": b"Hello\n\nworld", "p.tar.xz/t/man.1": b".TH X 1\n",
                    "p.tar.xz/t/broken.tar.gz": b"not a tarball"}
-    assert dict(expand("lib/src.zip", buf.getvalue())) == {"lib/src.zip/pkg/A.java": b"class A {}\n"}
-    assert dict(expand("x.tar.gz", b"garbage")) == {"x.tar.gz": b"garbage"}
+    assert dict(expand("lib/src.zip", buf.getvalue(), ("*.zip",))) == {"lib/src.zip/pkg/A.java": b"class A {}\n"}
+    assert dict(expand("x.tar.gz", b"garbage", ("*",))) == {"x.tar.gz": b"garbage"}
 
 
 def test_chunks_cut_at_blank_lines_and_keep_every_byte():
@@ -311,3 +312,12 @@ def test_subset_keeps_every_source_in_validation(built, tmp_path):
     packed = data.pack(out, tmp_path / "p.txt.xz", 0.02)
     shift = packed["val"]["offset"] - m["val"]["offset"]
     assert packed["val"]["sources"] == [[n, a + shift, b + shift] for n, a, b in m["val"]["sources"]]
+
+
+def test_gunzip_refuses_bombs_and_reads_every_member():
+    import gzip
+    from elman.training.sources import gunzip
+    assert gunzip(gzip.compress(b"a") + gzip.compress(b"b")) == b"ab"
+    assert gunzip(gzip.compress(b"\0" * 10_000), limit=1000) is None
+    assert gunzip(b"not gzip") is None
+    assert gunzip(gzip.compress(b"x" * 100)[:-10]) is None            # truncated

@@ -120,7 +120,7 @@ def _clean(sources: tuple[Source, ...], fetch: Callable[[str], Path], work: Path
 def _documents(path: Path, pkg: Package, src: Source) -> Iterator[tuple[str, bytes, str | None]]:
     """The package's included files (long ones cut into chunks when the package asks), each
     with 'path' when the source excludes it, else None."""
-    for name, blob in package_files(path):
+    for name, blob in package_files(path, pkg.archives):
         why = included(name, pkg, src)
         if why == "not-included":
             continue

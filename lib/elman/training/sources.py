@@ -5,24 +5,28 @@ book/chapters/training_protocol.ipynb.
 A `Source` is one named part of the corpus (a code base, or a kind of prose) made of one
 or more packages; each package lists the member paths it contributes (`fnmatch` patterns
 on the path inside the package, archives opened). `package_files` walks a package: a
-`.deb` through `dpkg-deb --fsys-tarfile`, a folder or a tarball directly; archives inside
-it (`.tar.*`, `.zip`) are opened, `.gz`/`.dz` files decompressed and HTML reduced to its
-text, so that a document is always the text a person wrote.
+`.deb` through `dpkg-deb --fsys-tarfile`, a folder or a tarball directly; the archives a package names
+(a source tarball, a JDK's `src.zip`) are opened, `.gz`/`.dz` files decompressed (at most
+GUNZIP_LIMIT bytes) and HTML reduced to its text, so that a document is the text a person
+wrote. Other archives, such as compressors' test data, stay single files and are dropped
+by the cleaning rules.
 """
 from __future__ import annotations
 
-import gzip
 import hashlib
 import io
 import subprocess
 import tarfile
 import zipfile
+import zlib
 from dataclasses import dataclass
 from fnmatch import fnmatch
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Iterator
 
+GUNZIP_LIMIT = 256 * 2**20
+MEMBER_LIMIT = 1 << 30
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.xz", ".tar.bz2", ".tar.zst")
 EVERYWHERE_EXCLUDED = ("*.po", "*.pot", "*/ChangeLog*", "*.svg", "*.map", "*/testdata/*")
 
@@ -36,6 +40,7 @@ class Package:
     name: str
     include: tuple[str, ...] = ("*",)
     chunk: int = 0  # > 0: a file longer than this is cut into documents of about this size
+    archives: tuple[str, ...] = ()  # the archives in the package whose members are documents
 
 
 def chunks(blob: bytes, size: int) -> list[bytes]:
@@ -62,17 +67,18 @@ class Source:
     about: str = ""
 
 
-NESTED = ("*.tar.*/*",)
+SOURCE_TARBALLS = ("usr/src/*.tar.xz", "usr/src/*/*.tar.xz")
+NESTED = ("*.tar.xz/*",)
 CHUNK = 65536
 SOURCES: tuple[Source, ...] = (
-    Source("linux", "code", (Package("linux-source-6.1", NESTED),),
+    Source("linux", "code", (Package("linux-source-6.1", NESTED, archives=SOURCE_TARBALLS),),
            ("*/drivers/gpu/drm/amd/include/asic_reg/*", "*/firmware/*"),
            "the Linux 6.1 kernel tree (C), without AMD's generated register headers"),
-    Source("gcc", "code", (Package("gcc-12-source", NESTED),), (),
+    Source("gcc", "code", (Package("gcc-12-source", NESTED, archives=SOURCE_TARBALLS),), (),
            "GCC 12 (C, C++, Ada, Fortran, Go front ends and runtime libraries)"),
-    Source("glibc", "code", (Package("glibc-source", NESTED),), ("*/localedata/*",),
+    Source("glibc", "code", (Package("glibc-source", NESTED, archives=SOURCE_TARBALLS),), ("*/localedata/*",),
            "the GNU C library 2.36 (C, assembly)"),
-    Source("openjdk", "code", (Package("openjdk-17-source", ("*src.zip/*.java",)),), (),
+    Source("openjdk", "code", (Package("openjdk-17-source", ("*src.zip/*.java",), archives=("*/lib/src.zip",)),), (),
            "the OpenJDK 17 class library (Java)"),
     Source("go", "code", (Package("golang-1.19-src", ("*/src/*.go", "*/src/*.s")),), (),
            "the Go 1.19 standard library (Go)"),
@@ -125,47 +131,71 @@ def html_text(blob: bytes) -> bytes:
     return "\n".join(out).strip().encode()
 
 
-def expand(name: str, blob: bytes, nested: bool = False) -> Iterator[tuple[str, bytes]]:
-    """The documents of one file: the members of an archive that the package ships
-    (archives inside those are files like any other), decompressed .gz/.dz files, the text
-    of HTML pages. An archive that cannot be read is one (binary) file."""
+def gunzip(blob: bytes, limit: int = GUNZIP_LIMIT) -> bytes | None:
+    """The decompressed bytes of a gzip file (all members), or None when it is not gzip or
+    decompresses to more than limit bytes (test data of compressors holds gzip bombs)."""
+    out, rest = [], blob
+    try:
+        while rest:
+            d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            out.append(d.decompress(rest, limit - sum(map(len, out)) + 1))
+            if d.unconsumed_tail or sum(map(len, out)) > limit or not d.eof:
+                return None
+            rest = d.unused_data.lstrip(b"\0")
+    except zlib.error:
+        return None
+    return b"".join(out)
+
+
+def expand(name: str, blob: bytes, archives: tuple[str, ...] = ()) -> Iterator[tuple[str, bytes]]:
+    """The documents of one file: the members of an archive whose path matches `archives`
+    (archives inside it, like every other archive, are files), decompressed .gz/.dz files,
+    the text of HTML pages. An archive that cannot be read is one (binary) file."""
     low = name.lower()
+    nested = not any(fnmatch(name, a) for a in archives)
     try:
         if low.endswith(TAR_SUFFIXES) and not nested:
             with tarfile.open(fileobj=io.BytesIO(blob), mode="r|*") as tar:
                 for m in tar:
                     if m.isfile():
-                        yield from expand(f"{name}/{m.name.lstrip('./')}", tar.extractfile(m).read(), True)
+                        yield from expand(f"{name}/{m.name.lstrip('./')}", _read(tar, m))
             return
         if low.endswith(".zip") and not nested:
             with zipfile.ZipFile(io.BytesIO(blob)) as z:
                 for info in sorted(z.infolist(), key=lambda i: i.filename):
                     if not info.is_dir():
-                        yield from expand(f"{name}/{info.filename}", z.read(info), True)
+                        yield from expand(f"{name}/{info.filename}",
+                                          z.read(info) if info.file_size <= MEMBER_LIMIT else b"")
             return
     except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError):
         yield name, blob
         return
     if low.endswith((".gz", ".dz")):
-        try:
-            inner = gzip.decompress(blob)
-        except (OSError, EOFError):
+        inner = gunzip(blob)
+        if inner is None:
             yield name, blob
             return
-        yield from expand(name[:-3], inner, nested)
+        yield from expand(name[:-3], inner)
     elif low.endswith((".html", ".htm")):
         yield name, html_text(blob)
     else:
         yield name, blob
 
 
-def package_files(path: Path) -> Iterator[tuple[str, bytes]]:
-    """(path inside the package, bytes) for every document-bearing file of a package: a .deb,
-    a folder or a tarball; in archive order (a folder: sorted)."""
+def _read(tar: tarfile.TarFile, m: tarfile.TarInfo) -> bytes:
+    """A member's bytes; empty for a member declared larger than MEMBER_LIMIT (archivers'
+    test data declares huge sparse files)."""
+    return tar.extractfile(m).read() if m.size <= MEMBER_LIMIT else b""
+
+
+def package_files(path: Path, archives: tuple[str, ...] = ()) -> Iterator[tuple[str, bytes]]:
+    """(path inside the package, bytes) for every file of a package (a .deb, a folder or a
+    tarball) in archive order (a folder: sorted), with the members of the archives that
+    match `archives` in place of those archives."""
     path = Path(path)
     if path.is_dir():
         for f in sorted(p for p in path.rglob("*") if p.is_file()):
-            yield from expand(f.relative_to(path).as_posix(), f.read_bytes())
+            yield from expand(f.relative_to(path).as_posix(), f.read_bytes(), archives)
         return
     if path.suffix == ".deb":
         proc = subprocess.Popen(["dpkg-deb", "--fsys-tarfile", str(path)], stdout=subprocess.PIPE)
@@ -173,7 +203,7 @@ def package_files(path: Path) -> Iterator[tuple[str, bytes]]:
             with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
                 for m in tar:
                     if m.isfile():
-                        yield from expand(m.name.lstrip("./"), tar.extractfile(m).read())
+                        yield from expand(m.name.lstrip("./"), _read(tar, m), archives)
         finally:
             proc.stdout.close()
             if proc.wait() != 0:
@@ -182,7 +212,7 @@ def package_files(path: Path) -> Iterator[tuple[str, bytes]]:
     with tarfile.open(path, mode="r|*") as tar:
         for m in tar:
             if m.isfile():
-                yield from expand(m.name.lstrip("./"), tar.extractfile(m).read())
+                yield from expand(m.name.lstrip("./"), _read(tar, m), archives)
 
 
 def package_info(path: Path) -> dict:
