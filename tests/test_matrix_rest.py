@@ -296,3 +296,12 @@ def test_layers_reject_bad_state_and_input():
         layer(torch.randn(0, 2, 16))
     with pytest.raises(ValueError, match="d_state"):
         e14.E14(16, d_state=0)
+
+
+def test_per_head_inputs_of_a_wrong_shape_raise_clearly():
+    kw = _plain(_inputs(e71.reference, n=8))
+    with pytest.raises(ValueError, match=r"delta must be \[H, v\]"):
+        e71.cell(**{**kw, "delta": kw["delta"][:, :4]}, backend="schedule")
+    kw = _plain(_inputs(e70.reference, n=8))
+    with pytest.raises(ValueError, match=r"lam must be \[H\]"):
+        e70.cell(**{**kw, "lam": kw["lam"][:1]}, backend="schedule")

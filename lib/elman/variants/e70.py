@@ -20,7 +20,7 @@ from torch import nn
 from ..core.entry import shapes
 from ..families.matrix import gated_op
 from ..families.matrix.single import (SingleStateLayer, SpectralNormed, check_cell_backend, entry,
-                                      head, self_gate, unhead, with_inputs, xavier)
+                                      head, per_head, self_gate, unhead, with_inputs, xavier)
 
 RADIUS = 0.5
 
@@ -41,7 +41,7 @@ def cell(q, k, v, lam, h0, backend: str = "cuda", checkpoint: int = gated_op.CHE
     check_cell_backend(backend)
     if backend == "reference":
         return reference(q, k, v, lam, h0)
-    c = lam[None, None, :, None].expand(*v.shape)
+    c = per_head("lam", lam, v, columns=False)
     o, S = gated_op.recurrence(q, k, v, c, h0.transpose(-1, -2), "decay", "linear", K=checkpoint,
                                engine=backend)
     return o, S.transpose(-1, -2)

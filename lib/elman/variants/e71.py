@@ -18,8 +18,8 @@ from torch import nn
 
 from ..core.entry import shapes
 from ..families.matrix import gated_op
-from ..families.matrix.single import (SingleStateLayer, check_cell_backend, entry, head, self_gate,
-                                      unhead, with_inputs, xavier)
+from ..families.matrix.single import (SingleStateLayer, check_cell_backend, entry, head, per_head,
+                                      self_gate, unhead, with_inputs, xavier)
 
 
 @with_inputs({"q": "key", "k": "key", "v": "value", "alpha_x": "pre", "delta": "param", "h0": "state"})
@@ -40,7 +40,7 @@ def cell(q, k, v, alpha_x, delta, h0, backend: str = "cuda", checkpoint: int = g
     check_cell_backend(backend)
     if backend == "reference":
         return reference(q, k, v, alpha_x, delta, h0)
-    e = delta[None, None].expand(*v.shape)
+    e = per_head("delta", delta, v, columns=True)
     o, S = gated_op.recurrence(q, k, v, alpha_x, h0.transpose(-1, -2), "retain", "linear", e=e,
                                K=checkpoint, engine=backend)
     return o, S.transpose(-1, -2)

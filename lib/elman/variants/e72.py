@@ -21,8 +21,8 @@ from torch import nn
 
 from ..core.entry import shapes
 from ..families.matrix import gated_op
-from ..families.matrix.single import (SingleStateLayer, check_cell_backend, entry, head, self_gate,
-                                      unhead, with_inputs, xavier)
+from ..families.matrix.single import (SingleStateLayer, check_cell_backend, entry, head, per_head,
+                                      self_gate, unhead, with_inputs, xavier)
 
 SPEC = {"q": "key", "k": "key", "v": "value", "alpha": "open", "delta": "param", "bias": "param",
         "h0": "state"}
@@ -57,7 +57,7 @@ def cell(q, k, v, alpha, delta, bias, h0, inverse: bool = False, backend: str = 
     check_cell_backend(backend)
     if backend == "reference":
         return _run(q, k, v, alpha, delta, bias, h0, inverse)
-    e, f = (p[None, None].expand(*v.shape) for p in (delta, bias))
+    e, f = per_head("delta", delta, v, columns=True), per_head("bias", bias, v, columns=True)
     o, S = gated_op.recurrence(q, k, v, alpha, h0.transpose(-1, -2),
                                "value_gate_abs" if inverse else "value_gate", "linear", e=e, f=f,
                                K=checkpoint, engine=backend)

@@ -36,7 +36,7 @@ from torch import nn
 from ..core.entry import Entry, shapes
 from ..families.matrix import gated_op, op as matrix
 from ..families.matrix.single import (SingleStateLayer, check_cell_backend, entry, head, normalized,
-                                      unhead, with_inputs, xavier)
+                                      per_head, unhead, with_inputs, xavier)
 
 STATES = ("full", "diagonal")
 UPDATES = ("delta", "simple", "ema", "residual", "ntm", "retrieved_gate")
@@ -161,7 +161,7 @@ def cell(inputs: dict, state: str, update: str, proj: str, nonlin: str, backend:
         ones = torch.ones(k.shape[:3], dtype=h0.dtype, device=k.device)
         o, S = matrix.recurrence(q, k, v, ones, None, h0, nonlin, checkpoint)
     elif update == "simple":
-        c = inputs["retain"][None, None, :, None].expand(*v.shape)
+        c = per_head("retain", inputs["retain"], v, columns=False)
         o, S = gated_op.recurrence(q, k, v, c, h0, "decay", nonlin, K=checkpoint, engine=backend)
     else:
         o, S = gated_op.recurrence(q, k, v, inputs["alpha"], h0, "ema", nonlin, K=checkpoint, engine=backend)

@@ -131,7 +131,7 @@ def core_inputs(spec: dict[str, str], T: int, B: int, H: int, n: int, v: int, de
     """Fresh fp64 leaves by kind: 'unit' L2-normalised N(0, 1) [T, B, H, n]; 'key' N(0, 1)
     [T, B, H, n] / sqrt(n); 'value' N(0, 1) [T, B, H, v]; 'open' U(0.5, 1) [T, B, H, v];
     'open_n' U(0.5, 1) [T, B, H, n]; 'pre' N(0, 1) [T, B, H, v]; 'mod' U(-1, 1) [T, B, H, n];
-    'param' U(-0.5, 0.5) [H, v]; 'scalar' U(0.5, 0.95) [H]; 'state' U(-0.5, 0.5) [B, H, v, n];
+    'param' U(-0.5, 0.5) [H, v]; 'scalar' U(0.5, 0.95) [H] rounded to bf16; 'state' U(-0.5, 0.5) [B, H, v, n];
     'diag_state' U(-0.5, 0.5) [B, H, n]."""
     kw = dict(device=device, dtype=torch.float64, generator=generator)
     make = {
@@ -143,7 +143,9 @@ def core_inputs(spec: dict[str, str], T: int, B: int, H: int, n: int, v: int, de
         "pre": lambda: torch.randn(T, B, H, v, **kw),
         "mod": lambda: 2 * torch.rand(T, B, H, n, **kw) - 1,
         "param": lambda: torch.rand(H, v, **kw) - 0.5,
-        "scalar": lambda: 0.5 + 0.45 * torch.rand(H, **kw),
+        # on the bf16 grid: one decay shared by every step would otherwise carry its bf16 rounding
+        # T times into the comparison (a property of the input cast, not of a kernel)
+        "scalar": lambda: (0.5 + 0.45 * torch.rand(H, **kw)).to(torch.bfloat16).to(torch.float64),
         "state": lambda: torch.rand(B, H, v, n, **kw) - 0.5,
         "diag_state": lambda: torch.rand(B, H, n, **kw) - 0.5,
     }
@@ -187,3 +189,14 @@ def entry(*, reference, cell, layer, layer_cases=None, test_shapes, **fields) ->
     defaults = dict(family="matrix", kind="variant", test_shapes=test_shapes, tolerance=inputs.TOLERANCE,
                     cuda_op="elman_matrix.gated_forward/gated_backward", parity=parity)
     return Entry(reference=reference, layer=layer, **{**defaults, **fields})
+
+
+def per_head(name: str, t: torch.Tensor, v: torch.Tensor, columns: bool) -> torch.Tensor:
+    """A per-head input ([H] or, with `columns`, [H, v]) broadcast to v's [T, B, H, v], after a
+    clear error for a wrong shape."""
+    H, vd = v.shape[2], v.shape[3]
+    expected = (H, vd) if columns else (H,)
+    if not isinstance(t, torch.Tensor) or tuple(t.shape) != expected:
+        got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+        raise ValueError(f"{name} must be {'[H, v]' if columns else '[H]'} = {list(expected)}, got {got}")
+    return (t[None, None] if columns else t[None, None, :, None]).expand(*v.shape)
