@@ -116,8 +116,40 @@ def test_gated_op_errors_before_launch():
 
 
 @pytest.mark.parametrize("level,what", [("74v2-residual", "update='residual'"),
-                                        ("E74-diag-no_z-n32", "state='diagonal'")])
+                                        ("E74-full-full-n32", "proj='full'")])
 def test_e74_without_kernel_raises_on_gpu(level, what):
     layer = registry.get(level).layer(64).cuda()
     with pytest.raises(ValueError, match=what):
         layer(torch.randn(1, 4, 64, device="cuda"))
+
+
+@pytest.mark.parametrize("rule", ["delta", "simple", "ema"])
+@pytest.mark.parametrize("step", ["tanh", "linear"])
+@pytest.mark.parametrize("shape", [(1, 1, 1, 8), (17, 2, 3, 33), (40, 3, 2, 96)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_diagonal_op_matches_its_schedule(rule, step, shape, dtype):
+    from elman.families.matrix import diagonal_op
+    g = torch.Generator(device="cuda").manual_seed(0)
+    kw = dict(device="cuda", dtype=torch.float64, generator=g)
+    T, B, H, n = shape
+    k = torch.randn(T, B, H, n, **kw)
+    x = {"q": torch.randn(T, B, H, n, **kw), "k": k / (k.norm(dim=-1, keepdim=True) + 1e-6),
+         "v": torch.randn(T, B, H, n, **kw), "c": 0.5 + 0.5 * torch.rand(T, B, H, n, **kw),
+         "h0": torch.rand(B, H, n, **kw) - 0.5}
+    ref_in = {k: t.clone().requires_grad_() for k, t in x.items()}
+    fast_in = {k: (t.to(dtype) if k in "qkv" else t.float()).requires_grad_() for k, t in x.items()}
+    ref = diagonal_op.recurrence(rule=rule, step=step, engine="schedule", **ref_in)
+    with ops.poisoned():
+        fast = diagonal_op.recurrence(rule=rule, step=step, **fast_in)
+    grads = [torch.randn(r.shape, device="cuda", dtype=torch.float64, generator=g) for r in ref]
+    torch.autograd.backward(ref, grads)
+    with ops.poisoned():
+        torch.autograd.backward(fast, [gr.to(f.dtype) for gr, f in zip(grads, fast)])
+    tol = (1e-5, 1e-4) if dtype == torch.float32 else (2e-2, 5e-2)
+    for name, a, b in zip(("o", "S_T"), fast, ref):
+        assert rel_error(a, b) < tol[0], f"{name}: {rel_error(a, b):.2e}"
+    for name in x:
+        if rule == "delta" and name == "c":
+            continue  # delta does not read c
+        err = rel_error(fast_in[name].grad, ref_in[name].grad)
+        assert err < tol[1], f"grad {name}: {err:.2e}"

@@ -1,7 +1,7 @@
-// The gated recurrence's binding functions (registered into `elman_matrix` by binding.cpp):
-// validates every input before any launch (common/check.h: device, dtype, exact shapes,
-// contiguity, empty dimensions, supported n and v, rule and step ids, checkpoint interval) and
-// calls the plain C++ launchers of gated.h.
+// The binding functions of the gated recurrence and of E74's diagonal state (registered into
+// `elman_matrix` by binding.cpp): validate every input before any launch (common/check.h:
+// device, dtype, exact shapes, contiguity, empty dimensions, supported n and v, rule and step
+// ids, checkpoint interval) and call the plain C++ launchers of gated.h and diagonal.h.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/extension.h>
@@ -11,6 +11,7 @@
 #include <string>
 
 #include "common/check.h"
+#include "matrix/diagonal.h"
 #include "matrix/gated.h"
 
 namespace {
@@ -117,6 +118,74 @@ void backward_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   elman::check::cuda(elman::gated_backward(a), "gated matrix backward");
 }
 
+struct DiagonalCall {
+  int64_t T, B, H, n;
+  elman::check::Tensors same;
+  elman::check::Tensors f32;
+};
+
+DiagonalCall check_diagonal(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& c, int64_t rule, int64_t step) {
+  const auto same = elman::check::leading(k, "k", 4, "[T, B, H, n]", {at::kFloat, at::kBFloat16});
+  const int64_t T = k.size(0), B = k.size(1), H = k.size(2), n = k.size(3);
+  same(q, "q", {T, B, H, n});
+  same(v, "v", {T, B, H, n});
+  if (rule < 0 || rule >= elman::kDiagonalRules)
+    value_error("rule must be 0 (delta), 1 (simple) or 2 (ema), got " + num(rule));
+  if (step < 0 || step > 1) value_error("step must be 0 (tanh) or 1 (linear), got " + num(step));
+  const elman::check::Tensors f32{k.device(), at::kFloat};
+  f32(c, "c", {T, B, H, n});
+  return {T, B, H, n, same, f32};
+}
+
+elman::DiagonalArgs diagonal_args(const DiagonalCall& d, const at::Tensor& q, const at::Tensor& k,
+                                  const at::Tensor& v, const at::Tensor& c, int64_t rule, int64_t step) {
+  elman::DiagonalArgs a;
+  a.T = int(d.T), a.channels = d.B * d.H * d.n, a.rule = int(rule), a.step = int(step);
+  a.bf16 = k.scalar_type() == at::kBFloat16;
+  a.q = q.data_ptr(), a.k = k.data_ptr(), a.v_in = v.data_ptr(), a.c = c.data_ptr<float>();
+  a.stream = at::cuda::getCurrentCUDAStream();
+  return a;
+}
+
+void diagonal_forward_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         const at::Tensor& c, const at::Tensor& h0, at::Tensor& o, at::Tensor& S_T,
+                         at::Tensor& states, int64_t rule, int64_t step) {
+  const DiagonalCall d = check_diagonal(q, k, v, c, rule, step);
+  d.f32(h0, "h0", {d.B, d.H, d.n});
+  d.same(o, "o", {d.T, d.B, d.H, d.n});
+  d.f32(S_T, "S_T", {d.B, d.H, d.n});
+  d.f32(states, "states", {d.T, d.B, d.H, d.n});
+  const c10::cuda::CUDAGuard guard(k.device());
+  elman::DiagonalArgs a = diagonal_args(d, q, k, v, c, rule, step);
+  a.h0 = h0.data_ptr<float>(), a.o = o.data_ptr(), a.S_T = S_T.data_ptr<float>();
+  a.states = states.data_ptr<float>();
+  elman::check::cuda(elman::diagonal_forward(a), "diagonal state forward");
+}
+
+void diagonal_backward_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const at::Tensor& c, const at::Tensor& h0, const at::Tensor& states,
+                          const at::Tensor& d_o, const at::Tensor& d_ST, at::Tensor& dq,
+                          at::Tensor& dk, at::Tensor& dv, at::Tensor& dc, at::Tensor& dh0,
+                          int64_t rule, int64_t step) {
+  const DiagonalCall d = check_diagonal(q, k, v, c, rule, step);
+  d.f32(h0, "h0", {d.B, d.H, d.n});
+  d.f32(states, "states", {d.T, d.B, d.H, d.n});
+  d.same(d_o, "d_o", {d.T, d.B, d.H, d.n});
+  d.f32(d_ST, "d_S_T", {d.B, d.H, d.n});
+  d.same(dq, "dq", {d.T, d.B, d.H, d.n});
+  d.same(dk, "dk", {d.T, d.B, d.H, d.n});
+  d.same(dv, "dv", {d.T, d.B, d.H, d.n});
+  d.f32(dc, "dc", {d.T, d.B, d.H, d.n});
+  d.f32(dh0, "dh0", {d.B, d.H, d.n});
+  const c10::cuda::CUDAGuard guard(k.device());
+  elman::DiagonalArgs a = diagonal_args(d, q, k, v, c, rule, step);
+  a.h0 = h0.data_ptr<float>(), a.states = const_cast<float*>(states.data_ptr<float>());
+  a.d_o = d_o.data_ptr(), a.d_ST = d_ST.data_ptr<float>(), a.dq = dq.data_ptr();
+  a.dk = dk.data_ptr(), a.dv = dv.data_ptr(), a.dc = dc.data_ptr<float>(), a.dh0 = dh0.data_ptr<float>();
+  elman::check::cuda(elman::diagonal_backward(a), "diagonal state backward");
+}
+
 }  // namespace
 
 namespace elman {
@@ -132,6 +201,14 @@ void register_gated(pybind11::module& m) {
         py::arg("ckpt"), py::arg("d_o"), py::arg("d_S_T"), py::arg("dq"), py::arg("dk"),
         py::arg("dv"), py::arg("dc"), py::arg("dm"), py::arg("de"), py::arg("df"), py::arg("dh0"),
         py::arg("rule"), py::arg("step"), py::arg("K"));
+  m.def("diagonal_forward", &diagonal_forward_op, "E74 diagonal state forward into (o, S_T, states)",
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("c"), py::arg("h0"), py::arg("o"),
+        py::arg("S_T"), py::arg("states"), py::arg("rule"), py::arg("step"));
+  m.def("diagonal_backward", &diagonal_backward_op,
+        "E74 diagonal state backward into (dq, dk, dv, dc, dh0)", py::arg("q"), py::arg("k"),
+        py::arg("v"), py::arg("c"), py::arg("h0"), py::arg("states"), py::arg("d_o"),
+        py::arg("d_S_T"), py::arg("dq"), py::arg("dk"), py::arg("dv"), py::arg("dc"), py::arg("dh0"),
+        py::arg("rule"), py::arg("step"));
 }
 
 }  // namespace elman

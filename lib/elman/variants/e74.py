@@ -20,9 +20,9 @@ out = W_out c. Projections: tied_kvq (k = v = q = W x), tied_kq (q = k, the raw 
 full (k, v, q and z = W_z x + b_z, used only in the delta retrieval).
 
 Kernels: full-state delta without z runs on the matrix family's delta-rule op (decay 1, no write
-gate); simple and ema on the gated op (rules 'decay', 'ema'). The other combinations (residual,
-ntm, retrieved_gate, delta with proj 'full', every diagonal state) have no kernel: backend 'cuda'
-raises a ValueError naming the option, backend 'reference' runs them.
+gate); simple and ema on the gated op (rules 'decay', 'ema'); the diagonal state (delta, simple,
+ema) on the diagonal op. Residual, ntm, retrieved_gate and the delta rule with proj 'full' have
+no kernel: backend 'cuda' raises a ValueError naming the option, backend 'reference' runs them.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core.entry import Entry, shapes
-from ..families.matrix import gated_op, op as matrix
+from ..families.matrix import diagonal_op, gated_op, op as matrix
 from ..families.matrix.single import (SingleStateLayer, check_cell_backend, entry, head, normalized,
                                       per_head, unhead, with_inputs, xavier)
 
@@ -52,7 +52,7 @@ _EXTRA = {"delta": {}, "simple": {"retain": "scalar"}, "ema": {"alpha": "open"},
 
 
 def has_kernel(state: str, update: str, proj: str) -> bool:
-    return state == "full" and (update in ("simple", "ema") or (update == "delta" and proj != "full"))
+    return state == "diagonal" or update in ("simple", "ema") or (update == "delta" and proj != "full")
 
 
 def _f(P, nonlin):
@@ -151,9 +151,14 @@ def cell(inputs: dict, state: str, update: str, proj: str, nonlin: str, backend:
     if backend == "reference":
         return make_reference(state, update, proj, nonlin)(**inputs)
     if not has_kernel(state, update, proj):
-        what = (f"state={state!r}" if state != "full" else f"update={update!r}" if update != "delta"
-                else f"proj={proj!r} (z in the delta retrieval)")
+        what = f"update={update!r}" if update != "delta" else f"proj={proj!r} (z in the delta retrieval)"
         raise ValueError(f"E74 has no CUDA kernel for {what}; use backend='reference'")
+    if state == "diagonal":
+        v = inputs["v"]
+        c = (inputs["alpha"] if update == "ema" else per_head("retain", inputs["retain"], v, columns=True)
+             if update == "simple" else torch.ones_like(v, dtype=inputs["h0"].dtype))
+        return diagonal_op.recurrence(inputs["q"], inputs["k"], v, c, inputs["h0"], update, nonlin,
+                                      engine=backend)
     q, k, v, h0 = inputs["q"], inputs["k"], inputs["v"], inputs["h0"].transpose(-1, -2)
     if update == "delta":
         if backend == "schedule":
@@ -256,6 +261,8 @@ GRID = (
     dict(update="delta", proj="tied_kvq", nonlin="tanh", gate="input"),
     dict(update="simple", proj="no_z", nonlin="tanh"), dict(update="simple", proj="tied_kq", nonlin="linear"),
     dict(update="ema", proj="no_z", nonlin="linear"), dict(update="ema", proj="full", nonlin="tanh", gate="input"),
+    dict(state="diagonal", update="delta", proj="no_z", nonlin="tanh"),
+    dict(state="diagonal", update="simple", proj="tied_kq", nonlin="linear", gate="input"),
 )
 
 
@@ -282,7 +289,9 @@ def _entry(name: str, opts: dict, aliases: tuple[str, ...] = (), grid: bool = Fa
         return Entry(family="matrix", kind="variant", tolerance=inputs_tolerance(), parity=None,
                      cuda_op=None, notes="reference only: no CUDA kernel for this combination", **fields)
     cases = _grid_cases if grid else (lambda shape: [("", _layer({**o, "n_state": shape.n or n}))])
-    op = "elman_matrix.forward/backward" if o["update"] == "delta" else "elman_matrix.gated_forward/gated_backward"
+    op = ("elman_matrix.diagonal_forward/diagonal_backward" if o["state"] == "diagonal"
+          else "elman_matrix.forward/backward" if o["update"] == "delta"
+          else "elman_matrix.gated_forward/gated_backward")
     return entry(cell=_core_cell(o["state"], o["update"], o["proj"], o["nonlin"]), layer_cases=cases,
                  cuda_op=op, **fields)
 
@@ -333,6 +342,10 @@ def _registered():
             out.append(_entry("E" + name, opts, (name,), grid=name == "74v2"))
     for proj in ("tied_kvq", "tied_kq", "no_z"):
         out.append(_entry(f"E74-full-{proj}-n32", dict(proj=proj)))
+    for proj in ("tied_kvq", "tied_kq", "no_z"):
+        out.append(_entry(f"E74-diag-{proj}-n32", dict(state="diagonal", proj=proj)))
+    for update in ("simple", "ema"):
+        out.append(_entry(f"E74-diag-no_z-n32-{update}", dict(state="diagonal", update=update)))
     return tuple(out)
 
 
