@@ -13,6 +13,7 @@ from torch import nn
 
 from ...core.entry import Entry, ParityCase, Shape
 from ...core.layer import CausalConv, autocast_dtype, check_backend, check_sequence, inner_width
+from ...core.spectral import RecurrentWeight
 from . import inputs
 from .layer import check_parameters, remember_shapes
 from .reference import l2_normalize
@@ -29,33 +30,17 @@ def self_gate(o: torch.Tensor) -> torch.Tensor:
     return o * F.silu(o)
 
 
-class SpectralNormed(nn.Module):
-    """A rows x cols matrix returned as W * rho / sigma(W): sigma from three power iterations
-    on a persistent fp32 buffer u (checkpointed), with gradient through W (u, v constant)."""
+class SpectralNormed(RecurrentWeight):
+    """A rows x cols Xavier matrix returned as W * rho / sigma(W) (`RecurrentWeight`'s spectral
+    normalisation: three power iterations on a persistent fp32 buffer u of length rows, gradient
+    through W), or W itself when not `enabled`."""
 
-    def __init__(self, rows: int, cols: int, radius: float, enabled: bool = True, iterations: int = 3):
-        super().__init__()
-        self.radius, self.enabled, self.iters = float(radius), enabled, iterations
+    def __init__(self, rows: int, cols: int, radius: float, enabled: bool = True):
+        super().__init__(1, "spectral_norm" if enabled else "none", radius)
         self.weight = nn.Parameter(torch.empty(rows, cols))
         nn.init.xavier_uniform_(self.weight)
-        self.register_buffer("u", F.normalize(torch.randn(rows), dim=0))
-
-    def forward(self) -> torch.Tensor:
-        w = self.weight
-        if not self.enabled:
-            return w
-        w32 = w.float()
-        with torch.no_grad():
-            u = self.u.float()
-            for _ in range(self.iters):
-                v = w32.t() @ u
-                v = v / (v.norm() + 1e-8)
-                u = w32 @ v
-                u = u / (u.norm() + 1e-8)
-            if self.training:
-                self.u.copy_(u)
-        sigma = (u @ (w32 @ v)).abs()
-        return (w32 * (self.radius / (sigma + 1e-8))).to(w.dtype)
+        if enabled:
+            self.register_buffer("u", F.normalize(torch.randn(rows, dtype=torch.float32), dim=0))
 
 
 def xavier(rows: int, cols: int) -> nn.Parameter:
