@@ -321,3 +321,15 @@ def test_gunzip_refuses_bombs_and_reads_every_member():
     assert gunzip(gzip.compress(b"\0" * 10_000), limit=1000) is None
     assert gunzip(b"not gzip") is None
     assert gunzip(gzip.compress(b"x" * 100)[:-10]) is None            # truncated
+
+
+def test_committed_mix_slice_matches_its_manifest():
+    m = data.read_manifest(data.MIX_SLICE)
+    blob = data.MIX_SLICE.read_bytes()
+    assert m["sha256"] == data.sha256(data.MIX_SLICE) and m["bytes"] == len(blob)
+    assert m["subset_of"]["bytes"] > 1_000_000_000                      # cut from a full build
+    assert m["share_check"] == "ok" and corpus.check_shares(m) == []
+    assert max(s["share"] for s in m["sources"].values()) <= m["cap"] + 1e-3
+    assert [r[0] for r in m["val"]["sources"]] == list(m["sources"])     # every source held out
+    for _, a, b in m["val"]["sources"]:
+        assert blob[a - 1] == data.SEP and (b == len(blob) or blob[b] == data.SEP)

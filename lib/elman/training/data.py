@@ -237,8 +237,9 @@ def _take(docs: list[bytes], budget: int) -> list[bytes]:
 
 
 def subset(src: Path, out: Path, train_bytes: int, val_bytes: int | None = None) -> dict:
-    """A smaller corpus: a prefix of src's training documents (up to train_bytes) and of its
-    validation documents (up to val_bytes, all if None), same layout and manifest."""
+    """A smaller corpus: a prefix of src's training documents (up to train_bytes) and of each
+    source's validation documents (up to its share of val_bytes but at least its shortest
+    document; all if val_bytes is None), same layout and manifest."""
     manifest = read_manifest(src)
     if manifest is None:
         raise DataError(f"{src} has no manifest {manifest_path(src)}; build it with `elman data`")
@@ -246,8 +247,8 @@ def subset(src: Path, out: Path, train_bytes: int, val_bytes: int | None = None)
     train = _take(train, train_bytes)
     if val_bytes is not None:
         total = sum(len(d) + 1 for _, docs in groups for d in docs)
-        groups = [(name, _take(docs, val_bytes * sum(len(d) + 1 for d in docs) / total))
-                  for name, docs in groups]
+        groups = [(name, _take(docs, val_bytes * sum(len(d) + 1 for d in docs) / total)
+                   or [min(docs, key=len)]) for name, docs in groups]
     groups = [(name, docs) for name, docs in groups if docs]
     val = [d for _, docs in groups for d in docs]
     if not train or not val:
