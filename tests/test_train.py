@@ -392,3 +392,20 @@ def test_path_probe_records_every_layer(monkeypatch):
     assert r["backward"] == {"fake.op": "steps"}
     assert summary(r) == "fake.op:persistent x1; pytorch x1; fake.op:steps x1"
     assert not model.layers[0]._forward_hooks
+
+
+def test_different_models_train_on_the_same_windows(tmp_path, monkeypatch):
+    seen: dict[str, list] = {}
+
+    class Recording(data.Batches):
+        def __iter__(self):
+            for step, x in super().__iter__():
+                seen.setdefault(self.tag, []).append(x.clone())
+                yield step, x
+
+    for dim in ("32", "16"):
+        Recording.tag = dim
+        monkeypatch.setattr(train, "Batches", Recording)
+        train.run(cfg(*TINY, "--dim", dim, "--steps", "5", "--runs-dir", str(tmp_path / dim),
+                      "--checkpoint-dir", str(tmp_path / f"c{dim}")))
+    assert len(seen["32"]) >= 5 and all(torch.equal(a, b) for a, b in zip(seen["32"][:5], seen["16"][:5]))
