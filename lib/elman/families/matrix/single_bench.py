@@ -87,6 +87,26 @@ def layer_record(entry: Entry, B: int, dim: int, expansion: float, n: int | None
                          "tokens_per_s": B * T / (tfb["median"] / 1000)})
 
 
+def chapter_records(entries: list[Entry], B: int, dim: int, expansion: float, sizes: list[int],
+                    T: int = T_DEFAULT, headline: tuple[str, ...] = (), quick: bool = False) -> list[dict]:
+    """A chapter's runs: every entry with a kernel at its own state size n, the `headline` levels
+    also at every n of `sizes` (the seed study's shapes); the recurrence and the whole layer at
+    (dim, expansion). E14's state is D x D at D = int(dim * expansion)."""
+    out = []
+    for e in entries:
+        if e.parity is None:
+            continue
+        if e.name == "E14":
+            D = int(dim * expansion)
+            out += [recurrence_record(e, B, D, T, quick=quick), layer_record(e, B, dim, expansion, None, T, quick=quick)]
+            continue
+        own = e.layer(16, backend="reference").n
+        for n in sorted({own, *sizes}) if e.name in headline else [own]:
+            out.append(recurrence_record(e, B, n, T, quick=quick))
+            out.append(layer_record(e, B, dim, expansion, n, T, quick=quick))
+    return out
+
+
 def table(recs: list[dict]) -> str:
     """One row per single-state bench record (recurrence or layer) and per whole-layer record of
     `elman bench` (measure 'layer', e.g. E88 beside them), in record order."""
@@ -140,13 +160,15 @@ def plot_grid(recs: list[dict], measure: str = "single_layer", title: str = ""):
     return fig
 
 
-def memory_lines(recs: list[dict], a: str, b: str) -> str:
-    """E73 beside E73cp (or any two levels) from their layer records: peak memory and time."""
-    layer = {r["variant"]: r for r in recs if r["params"].get("measure") == "single_layer"}
+def memory_lines(recs: list[dict], a: str, b: str, n: int) -> str:
+    """E73 beside E73cp (or any two levels) from their layer records at state size n: peak
+    memory and time."""
+    layer = {r["variant"]: r for r in recs if r["params"].get("measure") == "single_layer"
+             and r["params"].get("n") == n}
     if a not in layer or b not in layer:
-        return f"- No layer records of both {a} and {b}: no memory comparison yet."
+        return f"- No layer records of both {a} and {b} at n = {n}: no memory comparison yet."
     ma, mb = layer[a]["metrics"], layer[b]["metrics"]
     ta, tb = ma["fwdbwd_ms"]["median"], mb["fwdbwd_ms"]["median"]
-    return (f"- Peak training memory of one layer: {a} {ma['peak_mem_mb']:.0f} MB, {b} "
+    return (f"- At n = {n}, peak training memory of one layer: {a} {ma['peak_mem_mb']:.0f} MB, {b} "
             f"{mb['peak_mem_mb']:.0f} MB ({ma['peak_mem_mb'] / max(mb['peak_mem_mb'], 1e-9):.2f}x).\n"
             f"- Forward + backward: {a} {ta:.2f} ms, {b} {tb:.2f} ms ({b} costs {100 * (tb / ta - 1):+.1f} %).")
