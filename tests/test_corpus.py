@@ -333,3 +333,12 @@ def test_committed_mix_slice_matches_its_manifest():
     assert [r[0] for r in m["val"]["sources"]] == list(m["sources"])     # every source held out
     for _, a, b in m["val"]["sources"]:
         assert blob[a - 1] == data.SEP and (b == len(blob) or blob[b] == data.SEP)
+
+
+def test_reading_a_deb_without_dpkg_deb_says_what_to_do(tmp_path, monkeypatch):
+    from elman.training import sources
+    monkeypatch.setattr(sources.shutil, "which", lambda name: None)
+    deb = tmp_path / "x_1_all.deb"
+    deb.write_bytes(b"!<arch>\n")
+    with pytest.raises(sources.SourceError, match="needs dpkg-deb"):
+        list(package_files(deb))

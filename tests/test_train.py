@@ -226,6 +226,9 @@ def test_bf16_training_on_gpu_through_the_cli(tmp_path):
     assert rec["params"]["precision"] == "bf16" and rec["params"]["norm"] == "fused"
     assert rec["env"]["gpu"] and rec["metrics"]["peak_memory_mb"] > 0
     assert rec["metrics"]["last100"] < 5.0
+    layers = rec["metrics"]["kernel_paths"]["layers"]
+    assert len(layers) == 2 and all(isinstance(x["forward"], dict) and x["forward"] for x in layers)
+    assert rec["metrics"]["val_bits_se"] > 0 and rec["metrics"]["val_windows"] == ByteData(TEST_SLICE).val_tiles(256)
 
 
 # ---------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import shutil
 import subprocess
 import tarfile
 import zipfile
@@ -198,6 +199,10 @@ def package_files(path: Path, archives: tuple[str, ...] = ()) -> Iterator[tuple[
             yield from expand(f.relative_to(path).as_posix(), f.read_bytes(), archives)
         return
     if path.suffix == ".deb":
+        if shutil.which("dpkg-deb") is None:
+            raise SourceError(f"reading {path.name} needs dpkg-deb (Debian's package `dpkg`); "
+                              f"build the corpus on a Debian-based machine and carry it "
+                              f"(`elman data --pack MB --part-mb 60`)")
         proc = subprocess.Popen(["dpkg-deb", "--fsys-tarfile", str(path)], stdout=subprocess.PIPE)
         try:
             with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
