@@ -1,6 +1,6 @@
 // Launchers of the gated recurrence (gated.cuh): dispatch on the threads per column G
-// (matrix_group(v): 8 up to v = 64, else 4), the rows per thread R = n / G (at most 16: 32 rows
-// spilled in the backward) and the compute dtype.
+// (matrix_group(v): 8 up to v = 64, else 4), the rows per thread R = n / G and the compute
+// dtype.
 #include <cuda_bf16.h>
 
 #include "matrix/gated.cuh"
@@ -21,8 +21,17 @@ bool in_gated_sizes(int x) {
 template <int R, int G, typename T>
 cudaError_t launch(const GatedArgs& a, bool backward) {
   const dim3 grid(unsigned(a.B) * unsigned(a.H)), block(unsigned(a.v) * G);
-  if (backward) gated::backward_kernel<R, G, T><<<grid, block, 0, a.stream>>>(a);
-  else gated::forward_kernel<R, G, T><<<grid, block, 0, a.stream>>>(a);
+  if (backward) {
+    const int smem = gated::backward_shared_bytes<R>(int(block.x));
+    if (smem > 0) {  // beyond the 48 KB default
+      const cudaError_t e = cudaFuncSetAttribute(gated::backward_kernel<R, G, T>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      if (e != cudaSuccess) return e;
+    }
+    gated::backward_kernel<R, G, T><<<grid, block, smem, a.stream>>>(a);
+  } else {
+    gated::forward_kernel<R, G, T><<<grid, block, 0, a.stream>>>(a);
+  }
   return cudaGetLastError();
 }
 
@@ -47,6 +56,7 @@ cudaError_t by_rows(const GatedArgs& a, bool backward) {
     case 12: return launch<12, 4, T>(a, backward);
     case 16: return launch<16, 4, T>(a, backward);
     case 24: return launch<24, 4, T>(a, backward);
+    case 32: return launch<32, 4, T>(a, backward);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -63,10 +73,6 @@ cudaError_t run(const GatedArgs& a, bool backward) {
 bool gated_supported(int n, int v, const char** why) {
   if (!in_gated_sizes(n) || !in_gated_sizes(v)) {
     if (why) *why = "n and v must each be one of 8, 16, 32, 48, 64, 96, 128";
-    return false;
-  }
-  if (n == 128 && v > 64) {  // 32 rows a thread: the backward's dS spilled from registers
-    if (why) *why = "n = 128 takes v <= 64";
     return false;
   }
   return true;

@@ -135,6 +135,15 @@ __global__ void __launch_bounds__(kMatrixThreads, 1) forward_kernel(const GatedA
   for (int m = 0; m < R; ++m) sT[elem0 + int64_t(G) * m * V] = s[m];
 }
 
+template <int R>
+constexpr bool kSharedGrad = R > 24;
+
+// Dynamic shared memory of the backward for a block of `threads`.
+template <int R>
+constexpr int backward_shared_bytes(int threads) {
+  return kSharedGrad<R> ? R * threads * int(sizeof(float)) : 0;
+}
+
 template <int R, int G, typename T>
 __global__ void __launch_bounds__(kMatrixThreads, 1) backward_kernel(const GatedArgs a) {
   constexpr int N = R * G;
@@ -151,10 +160,17 @@ __global__ void __launch_bounds__(kMatrixThreads, 1) backward_kernel(const Gated
   float* scratch = a.scratch + int64_t(bh) * slots * NV;
 
   for (int x = tid; x < 2 * kAcc; x += blockDim.x) (&acc[0][0])[x] = 0.f;
-  float dS[R];
+  // dS in registers up to R = 24; at R = 32 (n = 128 over 4 threads a column) in dynamic shared
+  // memory, thread-contiguous (no bank conflicts): in registers it spilled.
+  extern __shared__ float dS_shared[];
+  float dS_regs[kSharedGrad<R> ? 1 : R];
+  auto dS = [&](int m) -> float& {
+    if constexpr (kSharedGrad<R>) return dS_shared[m * blockDim.x + tid];
+    else return dS_regs[m];
+  };
   const float* dST = a.d_ST + bh * NV;
 #pragma unroll
-  for (int m = 0; m < R; ++m) dS[m] = dST[elem0 + m * stride];
+  for (int m = 0; m < R; ++m) dS(m) = dST[elem0 + m * stride];
   __syncthreads();
 
   int buf = 0;
@@ -213,13 +229,13 @@ __global__ void __launch_bounds__(kMatrixThreads, 1) backward_kernel(const Gated
 #pragma unroll
       for (int m = 0; m < R; ++m) {
         const float sn = s_new[m * stride];
-        dS[m] = fmaf(to_float(qt[G * m]), d_o, dS[m]);
+        dS(m) = fmaf(to_float(qt[G * m]), d_o, dS(m));
         const float part = columns_sum<G>(sn * d_o);
         if (lane < G) atomicAdd(&sh[g + G * m], part);
-        dS[m] *= act_grad(a.step, sn);
+        dS(m) *= act_grad(a.step, sn);
         const float mm = mt ? mt[G * m] : 1.f;
-        da = fmaf(dS[m] * mm, s_old[m * stride], da);
-        dw = fmaf(dS[m], to_float(kt[G * m]), dw);
+        da = fmaf(dS(m) * mm, s_old[m * stride], da);
+        dw = fmaf(dS(m), to_float(kt[G * m]), dw);
       }
       da = group_sum<G>(da);
       dw = group_sum<G>(dw);
@@ -236,14 +252,14 @@ __global__ void __launch_bounds__(kMatrixThreads, 1) backward_kernel(const Gated
         const int i = g + G * m;
         const float so = s_old[m * stride];
         const float kk = to_float(kt[G * m]);
-        const float part = columns_sum<G>(fmaf(dS[m], wj, so * rg.dr));
+        const float part = columns_sum<G>(fmaf(dS(m), wj, so * rg.dr));
         if (lane < G) atomicAdd(&sh[N + i], part);
         if (mt) {
-          const float pm = columns_sum<G>(dS[m] * aj * so);
+          const float pm = columns_sum<G>(dS(m) * aj * so);
           if (lane < G) atomicAdd(&sh[2 * N + i], pm);
         }
         const float mm = mt ? mt[G * m] : 1.f;
-        dS[m] = fmaf(dS[m], mm * aj, kk * rg.dr);
+        dS(m) = fmaf(dS(m), mm * aj, kk * rg.dr);
       }
       __syncthreads();
       for (int x = tid; x < kAcc; x += blockDim.x) {
@@ -258,7 +274,7 @@ __global__ void __launch_bounds__(kMatrixThreads, 1) backward_kernel(const Gated
   }
   float* dh0 = a.dh0 + bh * NV;
 #pragma unroll
-  for (int m = 0; m < R; ++m) dh0[elem0 + m * stride] = dS[m];
+  for (int m = 0; m < R; ++m) dh0[elem0 + m * stride] = dS(m);
 }
 
 }  // namespace gated

@@ -30,8 +30,7 @@ ENGINES = ("cuda", "schedule")
 
 
 def supported(n: int, v: int) -> bool:
-    """n and v in SIZES, except n = 128 with v > 64 (32 rows a thread spilled in the backward)."""
-    return n in SIZES and v in SIZES and not (n == 128 and v > 64)
+    return n in SIZES and v in SIZES
 
 
 def validate_call(q, k, v, c, m, e, f, h0, rule: str, step: str, K: int, engine: str = "cuda"):
@@ -47,7 +46,7 @@ def validate_call(q, k, v, c, m, e, f, h0, rule: str, step: str, K: int, engine:
                      "m": (m, (T, B, H, n)), "e": (e, (T, B, H, vd)), "f": (f, (T, B, H, vd)),
                      "h0": (h0, (B, H, n, vd))})
     if engine == "cuda" and not supported(n, vd):
-        raise ValueError(f"the gated matrix kernels take n and v in {SIZES} (n = 128 with v <= 64), got n={n}, v={vd}; "
+        raise ValueError(f"the gated matrix kernels take n and v in {SIZES}, got n={n}, v={vd}; "
                          "use backend='reference' for other sizes")
     validate.size_limit("T * B * H * max(n, v)", T * B * H * max(n, vd))
     validate.dtypes({"q": q, "k": k, "v": v}, DTYPES + ((torch.float64,) if engine == "schedule" else ()))
