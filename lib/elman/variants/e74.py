@@ -35,6 +35,7 @@ from torch import nn
 
 from ..core.entry import Entry, shapes
 from ..families.matrix import diagonal_op, gated_op, op as matrix
+from ..families.matrix.inputs import TOLERANCE
 from ..families.matrix.single import (SingleStateLayer, check_cell_backend, entry, head, normalized,
                                       per_head, unhead, with_inputs, xavier)
 
@@ -286,7 +287,7 @@ def _entry(name: str, opts: dict, aliases: tuple[str, ...] = (), grid: bool = Fa
         chapter="book/chapters/e74_delta_ablations.ipynb",
         layer_params=lambda dim, expansion=expansion: params(dim, expansion, **o))
     if not kernel:
-        return Entry(family="matrix", kind="variant", tolerance=inputs_tolerance(), parity=None,
+        return Entry(family="matrix", kind="variant", tolerance=TOLERANCE, parity=None,
                      cuda_op=None, notes="reference only: no CUDA kernel for this combination", **fields)
     cases = _grid_cases if grid else (lambda shape: [("", _layer({**o, "n_state": shape.n or n}))])
     op = ("elman_matrix.diagonal_forward/diagonal_backward" if o["state"] == "diagonal"
@@ -296,15 +297,12 @@ def _entry(name: str, opts: dict, aliases: tuple[str, ...] = (), grid: bool = Fa
                  cuda_op=op, **fields)
 
 
-def inputs_tolerance():
-    from ..families.matrix.inputs import TOLERANCE
-    return TOLERANCE
-
-
-V2 = {"74v2": {}, "74v2-delta": {}, "74v2-residual": dict(update="residual"),
-      "74v2-ntm": dict(update="ntm"), "74v2-retrieved_gate": dict(update="retrieved_gate"),
-      "74v2-ema": dict(update="ema"), "74v2-delta-input": dict(gate="input"),
-      "74v2-ema-input": dict(update="ema", gate="input")}
+# the 74v2 levels take n from the trainer's n_state, whose default is 64
+V2 = {name: dict(n_state=64, **opts) for name, opts in {
+    "74v2": {}, "74v2-delta": {}, "74v2-residual": dict(update="residual"),
+    "74v2-ntm": dict(update="ntm"), "74v2-retrieved_gate": dict(update="retrieved_gate"),
+    "74v2-ema": dict(update="ema"), "74v2-delta-input": dict(gate="input"),
+    "74v2-ema-input": dict(update="ema", gate="input")}.items()}
 _PATTERN = re.compile(r"e74-(full|diag)-(tied_kvq|tied_kq|no_z|full)-n(\d+)"
                       r"(?:-(delta|simple|ema|residual|ntm|retrieved_gate))?(?:-(tanh|linear))?"
                       r"(?:-(output|input))?(-exp2)?", re.IGNORECASE)
