@@ -124,6 +124,8 @@ SCHEDULED = [
      lambda **a: e74.cell(a, "full", "simple", "no_z", "tanh", backend="schedule", checkpoint=3)),
     ("e74-ema", e74.make_reference("full", "ema", "no_z", "linear"),
      lambda **a: e74.cell(a, "full", "ema", "no_z", "linear", backend="schedule", checkpoint=5)),
+    ("e74-ntm", e74.make_reference("full", "ntm", "no_z", "tanh"),
+     lambda **a: e74.cell(a, "full", "ntm", "no_z", "tanh", backend="schedule", checkpoint=3)),
     *((f"e74-diag-{u}-{nl}", e74.make_reference("diagonal", u, "no_z", nl),
        lambda u=u, nl=nl, **a: e74.cell(a, "diagonal", u, "no_z", nl, backend="schedule"))
       for u in e74.DIAGONAL_UPDATES for nl in e74.NONLINS),
@@ -169,7 +171,7 @@ def test_gated_schedule_rules_match_autograd_of_the_rule():
 @pytest.mark.parametrize("level", ["70", "71", "72", "72i", "73", "73r", "73f", "73cp", "14",
                                    "E74-full-no_z-n32-simple", "E74-full-tied_kq-n32-ema-linear-input",
                                    "E74-diag-no_z-n32", "E74-diag-tied_kvq-n32-simple-linear",
-                                   "E74-diag-full-n32-ema-input"])
+                                   "E74-diag-full-n32-ema-input", "E74-full-no_z-n32-ntm-linear"])
 def test_layer_on_schedule_matches_reference(level):
     torch.manual_seed(0)
     entry = registry.get(level)
@@ -253,7 +255,6 @@ def test_e70_spectral_norm_bounds_the_projections():
 
 
 @pytest.mark.parametrize("level,what", [("74v2-residual", "update='residual'"),
-                                        ("74v2-ntm", "update='ntm'"),
                                         ("E74-full-full-n32", "proj='full'"),
                                         ("74v2-retrieved_gate", "update='retrieved_gate'")])
 def test_e74_without_kernel_raises_naming_the_option(level, what):

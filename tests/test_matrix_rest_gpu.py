@@ -40,6 +40,8 @@ def _op_inputs(T, B, H, n, v, rule, modulated, seed=0):
         x["e"] = torch.rand(T, B, H, v, **kw) - 0.5
     if "f" in gated.NEEDS[rule]:
         x["f"] = torch.rand(T, B, H, v, **kw) - 0.5
+    if rule == "write_gate":  # with the erase, as E74's ntm rule runs it
+        x["x"] = torch.rand(T, B, H, v, **kw)
     return x
 
 

@@ -35,6 +35,7 @@ __device__ __forceinline__ void rule_forward(int rule, float c, float v, float r
     case kEma: a = c, w = (1.f - c) * v; break;
     case kRetain: a = sigmoid(c + e * r), w = (1.f - a) * v; break;
     case kValueGate: a = c, w = (1.f - c) * sigmoid(e * r + f) * v; break;
+    case kWriteGate: a = c, w = f * v; break;
     default: a = c, w = (1.f - c) * sigmoid(-e * fabsf(r) + f) * v; break;
   }
 }
@@ -49,6 +50,7 @@ __device__ __forceinline__ RuleGrad rule_backward(int rule, float c, float v, fl
   switch (rule) {
     case kDecay: return {da, dw, 0.f, 0.f, 0.f};
     case kEma: return {da - v * dw, (1.f - c) * dw, 0.f, 0.f, 0.f};
+    case kWriteGate: return {da, f * dw, 0.f, 0.f, v * dw};
     case kRetain: {
       const float alpha = sigmoid(c + e * r);
       const float ds = (da - v * dw) * alpha * (1.f - alpha);
@@ -78,13 +80,14 @@ __device__ __forceinline__ float act_grad(int step, float s) { return step == 1 
 
 // One step's column inputs.
 struct Column {
-  float v, c, e, f;
+  float v, c, e, f, x;
   template <typename T>
   __device__ __forceinline__ void load(const GatedArgs& a, int64_t at) {
     v = to_float(static_cast<const T*>(a.v_in)[at]);
     c = a.c[at];
     e = a.e ? a.e[at] : 0.f;
     f = a.f ? a.f[at] : 0.f;
+    x = a.x ? a.x[at] : 0.f;
   }
 };
 
@@ -123,8 +126,9 @@ __global__ void __launch_bounds__(kMatrixThreads, 1) forward_kernel(const GatedA
     float out = 0.f;
 #pragma unroll
     for (int m = 0; m < R; ++m) {
-      const float scale = mt ? mt[G * m] * aj : aj;
-      s[m] = act<T>(a.step, fmaf(scale, s[m], to_float(kt[G * m]) * wj));
+      const float kk = to_float(kt[G * m]);
+      const float scale = (mt ? mt[G * m] * aj : aj) - kk * col.x;
+      s[m] = act<T>(a.step, fmaf(scale, s[m], kk * wj));
       out = fmaf(s[m], to_float(qt[G * m]), out);
     }
     out = group_sum<G>(out);
@@ -200,8 +204,9 @@ __global__ void __launch_bounds__(kMatrixThreads, 1) backward_kernel(const Gated
         float* out = scratch + int64_t(t - start + 1) * NV;
 #pragma unroll
         for (int m = 0; m < R; ++m) {
-          const float scale = mt ? mt[G * m] * aj : aj;
-          s[m] = act<T>(a.step, fmaf(scale, s[m], to_float(kt[G * m]) * wj));
+          const float kk = to_float(kt[G * m]);
+          const float scale = (mt ? mt[G * m] * aj : aj) - kk * col.x;
+          s[m] = act<T>(a.step, fmaf(scale, s[m], kk * wj));
           out[elem0 + m * stride] = s[m];
         }
       }
@@ -225,7 +230,7 @@ __global__ void __launch_bounds__(kMatrixThreads, 1) backward_kernel(const Gated
       float aj, wj;
       rule_forward(a.rule, col.c, col.v, r, col.e, col.f, aj, wj);
       // read-out: dS += q do^T, dq = S_t do; dP = dS * act'(S_t) kept in dS
-      float da = 0.f, dw = 0.f;
+      float da = 0.f, dw = 0.f, dkS = 0.f;  // dkS: sum_i dP k S_{t-1}, the erase's gradient
 #pragma unroll
       for (int m = 0; m < R; ++m) {
         const float sn = s_new[m * stride];
@@ -234,11 +239,14 @@ __global__ void __launch_bounds__(kMatrixThreads, 1) backward_kernel(const Gated
         if (lane < G) atomicAdd(&sh[g + G * m], part);
         dS(m) *= act_grad(a.step, sn);
         const float mm = mt ? mt[G * m] : 1.f;
+        const float kk = to_float(kt[G * m]);
         da = fmaf(dS(m) * mm, s_old[m * stride], da);
-        dw = fmaf(dS(m), to_float(kt[G * m]), dw);
+        dw = fmaf(dS(m), kk, dw);
+        dkS = fmaf(dS(m) * kk, s_old[m * stride], dkS);
       }
       da = group_sum<G>(da);
       dw = group_sum<G>(dw);
+      dkS = group_sum<G>(dkS);
       const RuleGrad rg = rule_backward(a.rule, col.c, col.v, r, col.e, col.f, da, dw);
       if (g == 0) {
         const int64_t at = row * V + j;
@@ -246,20 +254,21 @@ __global__ void __launch_bounds__(kMatrixThreads, 1) backward_kernel(const Gated
         a.dc[at] = rg.dc;
         if (a.de) a.de[at] = rg.de;
         if (a.df) a.df[at] = rg.df;
+        if (a.dx) a.dx[at] = -dkS;
       }
 #pragma unroll
       for (int m = 0; m < R; ++m) {
         const int i = g + G * m;
         const float so = s_old[m * stride];
         const float kk = to_float(kt[G * m]);
-        const float part = columns_sum<G>(fmaf(dS(m), wj, so * rg.dr));
+        const float part = columns_sum<G>(fmaf(dS(m), wj - col.x * so, so * rg.dr));
         if (lane < G) atomicAdd(&sh[N + i], part);
         if (mt) {
           const float pm = columns_sum<G>(dS(m) * aj * so);
           if (lane < G) atomicAdd(&sh[2 * N + i], pm);
         }
         const float mm = mt ? mt[G * m] : 1.f;
-        dS(m) = fmaf(dS(m), mm * aj, kk * rg.dr);
+        dS(m) = fmaf(dS(m), mm * aj - kk * col.x, kk * rg.dr);
       }
       __syncthreads();
       for (int x = tid; x < kAcc; x += blockDim.x) {

@@ -27,8 +27,8 @@ struct GatedCall {
 };
 
 GatedCall check_gated(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                      const at::Tensor& c, const Opt& m, const Opt& e, const Opt& f, int64_t rule,
-                      int64_t step, int64_t K) {
+                      const at::Tensor& c, const Opt& m, const Opt& e, const Opt& f, const Opt& x,
+                      int64_t rule, int64_t step, int64_t K) {
   const auto same = elman::check::leading(k, "k", 4, "[T, B, H, n]", {at::kFloat, at::kBFloat16});
   const int64_t T = k.size(0), B = k.size(1), H = k.size(2), n = k.size(3);
   if (v.dim() != 4) value_error("v must be [T, B, H, v], got shape " + elman::check::shape(v.sizes()));
@@ -44,20 +44,22 @@ GatedCall check_gated(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   if (K < 1) value_error("the checkpoint interval K must be at least 1, got " + num(K));
   if (T * B * H * std::max(n, vd) >= (int64_t(1) << 31))
     value_error("T * B * H * max(n, v) must be below 2^31, got " + num(T * B * H * std::max(n, vd)));
-  const bool needs_e = rule >= elman::kRetain, needs_f = rule >= elman::kValueGate;
+  const bool needs_e = rule >= elman::kRetain && rule <= elman::kValueGateAbs;
+  const bool needs_f = rule >= elman::kValueGate;
   if (e.has_value() != needs_e) value_error(std::string("e must be given exactly for the retain and value-gate rules"));
-  if (f.has_value() != needs_f) value_error(std::string("f must be given exactly for the value-gate rules"));
+  if (f.has_value() != needs_f) value_error(std::string("f must be given exactly for the value-gate and write-gate rules"));
   const elman::check::Tensors f32{k.device(), at::kFloat};
   f32(c, "c", {T, B, H, vd});
   if (m) f32(*m, "m", {T, B, H, n});
   if (e) f32(*e, "e", {T, B, H, vd});
   if (f) f32(*f, "f", {T, B, H, vd});
+  if (x) f32(*x, "x", {T, B, H, vd});
   return {T, B, H, n, vd, same, f32};
 }
 
 elman::GatedArgs gated_args(const GatedCall& g, const at::Tensor& q, const at::Tensor& k,
                             const at::Tensor& v, const at::Tensor& c, const Opt& m, const Opt& e,
-                            const Opt& f, int64_t rule, int64_t step, int64_t K) {
+                            const Opt& f, const Opt& x, int64_t rule, int64_t step, int64_t K) {
   elman::GatedArgs a;
   a.T = int(g.T), a.B = int(g.B), a.H = int(g.H), a.n = int(g.n), a.v = int(g.v), a.K = int(K);
   a.rule = int(rule), a.step = int(step), a.bf16 = k.scalar_type() == at::kBFloat16;
@@ -65,20 +67,22 @@ elman::GatedArgs gated_args(const GatedCall& g, const at::Tensor& q, const at::T
   a.m = m ? m->data_ptr<float>() : nullptr;
   a.e = e ? e->data_ptr<float>() : nullptr;
   a.f = f ? f->data_ptr<float>() : nullptr;
+  a.x = x ? x->data_ptr<float>() : nullptr;
   a.stream = at::cuda::getCurrentCUDAStream();
   return a;
 }
 
 void forward_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& c,
                    const Opt& m, const Opt& e, const Opt& f, const at::Tensor& h0, at::Tensor& o,
-                   at::Tensor& S_T, at::Tensor& ckpt, int64_t rule, int64_t step, int64_t K) {
-  const GatedCall g = check_gated(q, k, v, c, m, e, f, rule, step, K);
+                   at::Tensor& S_T, at::Tensor& ckpt, int64_t rule, int64_t step, int64_t K,
+                   const Opt& x) {
+  const GatedCall g = check_gated(q, k, v, c, m, e, f, x, rule, step, K);
   g.f32(h0, "h0", {g.B, g.H, g.n, g.v});
   g.same(o, "o", {g.T, g.B, g.H, g.v});
   g.f32(S_T, "S_T", {g.B, g.H, g.n, g.v});
   g.f32(ckpt, "ckpt", {(g.T + K - 1) / K, g.B, g.H, g.n, g.v});
   const c10::cuda::CUDAGuard guard(k.device());
-  elman::GatedArgs a = gated_args(g, q, k, v, c, m, e, f, rule, step, K);
+  elman::GatedArgs a = gated_args(g, q, k, v, c, m, e, f, x, rule, step, K);
   a.h0 = h0.data_ptr<float>(), a.o = o.data_ptr(), a.S_T = S_T.data_ptr<float>();
   a.ckpt = ckpt.data_ptr<float>();
   elman::check::cuda(elman::gated_forward(a), "gated matrix forward");
@@ -89,8 +93,8 @@ void backward_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                     const at::Tensor& ckpt, const at::Tensor& d_o, const at::Tensor& d_ST,
                     at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, at::Tensor& dc, const Opt& dm,
                     const Opt& de, const Opt& df, at::Tensor& dh0, int64_t rule, int64_t step,
-                    int64_t K) {
-  const GatedCall g = check_gated(q, k, v, c, m, e, f, rule, step, K);
+                    int64_t K, const Opt& x, const Opt& dx) {
+  const GatedCall g = check_gated(q, k, v, c, m, e, f, x, rule, step, K);
   g.f32(ckpt, "ckpt", {(g.T + K - 1) / K, g.B, g.H, g.n, g.v});
   g.same(d_o, "d_o", {g.T, g.B, g.H, g.v});
   g.f32(d_ST, "d_S_T", {g.B, g.H, g.n, g.v});
@@ -104,17 +108,20 @@ void backward_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   if (dm) g.f32(*dm, "dm", {g.T, g.B, g.H, g.n});
   if (de) g.f32(*de, "de", {g.T, g.B, g.H, g.v});
   if (df) g.f32(*df, "df", {g.T, g.B, g.H, g.v});
+  if (x.has_value() != dx.has_value()) value_error("dx must be given exactly when x is");
+  if (dx) g.f32(*dx, "dx", {g.T, g.B, g.H, g.v});
   g.f32(dh0, "dh0", {g.B, g.H, g.n, g.v});
   const c10::cuda::CUDAGuard guard(k.device());
   const int64_t slots = std::min(K, g.T) + 1;
   const at::Tensor scratch = at::empty({g.B * g.H, slots, g.n, g.v}, ckpt.options());
-  elman::GatedArgs a = gated_args(g, q, k, v, c, m, e, f, rule, step, K);
+  elman::GatedArgs a = gated_args(g, q, k, v, c, m, e, f, x, rule, step, K);
   a.ckpt = ckpt.data_ptr<float>(), a.d_o = d_o.data_ptr(), a.d_ST = d_ST.data_ptr<float>();
   a.scratch = scratch.data_ptr<float>(), a.dq = dq.data_ptr(), a.dk = dk.data_ptr();
   a.dv = dv.data_ptr(), a.dc = dc.data_ptr<float>(), a.dh0 = dh0.data_ptr<float>();
   a.dm = dm ? dm->data_ptr<float>() : nullptr;
   a.de = de ? de->data_ptr<float>() : nullptr;
   a.df = df ? df->data_ptr<float>() : nullptr;
+  a.dx = dx ? dx->data_ptr<float>() : nullptr;
   elman::check::cuda(elman::gated_backward(a), "gated matrix backward");
 }
 
@@ -194,13 +201,14 @@ void register_gated(pybind11::module& m) {
   m.def("gated_forward", &forward_op, "gated matrix recurrence forward into (o, S_T, ckpt)",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("c"), py::arg("m"), py::arg("e"),
         py::arg("f"), py::arg("h0"), py::arg("o"), py::arg("S_T"), py::arg("ckpt"), py::arg("rule"),
-        py::arg("step"), py::arg("K"));
+        py::arg("step"), py::arg("K"), py::arg("x") = py::none());
   m.def("gated_backward", &backward_op,
         "gated matrix recurrence backward into (dq, dk, dv, dc, dm, de, df, dh0)", py::arg("q"),
         py::arg("k"), py::arg("v"), py::arg("c"), py::arg("m"), py::arg("e"), py::arg("f"),
         py::arg("ckpt"), py::arg("d_o"), py::arg("d_S_T"), py::arg("dq"), py::arg("dk"),
         py::arg("dv"), py::arg("dc"), py::arg("dm"), py::arg("de"), py::arg("df"), py::arg("dh0"),
-        py::arg("rule"), py::arg("step"), py::arg("K"));
+        py::arg("rule"), py::arg("step"), py::arg("K"), py::arg("x") = py::none(),
+        py::arg("dx") = py::none());
   m.def("diagonal_forward", &diagonal_forward_op, "E74 diagonal state forward into (o, S_T, states)",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("c"), py::arg("h0"), py::arg("o"),
         py::arg("S_T"), py::arg("states"), py::arg("rule"), py::arg("step"));

@@ -20,9 +20,10 @@ out = W_out c. Projections: tied_kvq (k = v = q = W x), tied_kq (q = k, the raw 
 full (k, v, q and z = W_z x + b_z, used only in the delta retrieval).
 
 Kernels: full-state delta without z runs on the matrix family's delta-rule op (decay 1, no write
-gate); simple and ema on the gated op (rules 'decay', 'ema'); the diagonal state (delta, simple,
-ema) on the diagonal op. Residual, ntm, retrieved_gate and the delta rule with proj 'full' have
-no kernel: backend 'cuda' raises a ValueError naming the option, backend 'reference' runs them.
+gate); simple, ema and ntm on the gated op (rules 'decay', 'ema', 'write_gate' with the erase); the
+diagonal state (delta, simple, ema) on the diagonal op. Residual, retrieved_gate and the delta rule
+with proj 'full' have no kernel: backend 'cuda' raises a ValueError naming the option, backend
+'reference' runs them.
 """
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ _EXTRA = {"delta": {}, "simple": {"retain": "scalar"}, "ema": {"alpha": "open"},
 
 
 def has_kernel(state: str, update: str, proj: str) -> bool:
-    return state == "diagonal" or update in ("simple", "ema") or (update == "delta" and proj != "full")
+    return state == "diagonal" or update in ("simple", "ema", "ntm") or (update == "delta" and proj != "full")
 
 
 def _f(P, nonlin):
@@ -169,8 +170,11 @@ def cell(inputs: dict, state: str, update: str, proj: str, nonlin: str, backend:
     elif update == "simple":
         c = per_head("retain", inputs["retain"], v, columns=False)
         o, S = gated_op.recurrence(q, k, v, c, h0, "decay", nonlin, K=checkpoint, engine=backend)
-    else:
+    elif update == "ema":
         o, S = gated_op.recurrence(q, k, v, inputs["alpha"], h0, "ema", nonlin, K=checkpoint, engine=backend)
+    else:  # ntm: S * (1 - e k^T) + (w v) k^T is, on S^T, the erase x = e and the write gate f = w
+        o, S = gated_op.recurrence(q, k, v, torch.ones_like(v, dtype=h0.dtype), h0, "write_gate", nonlin,
+                                   f=inputs["write"], x=inputs["erase"], K=checkpoint, engine=backend)
     return o, S.transpose(-1, -2)
 
 
@@ -263,6 +267,7 @@ GRID = (
     dict(update="simple", proj="no_z", nonlin="tanh"), dict(update="simple", proj="tied_kq", nonlin="linear"),
     dict(update="ema", proj="no_z", nonlin="linear"), dict(update="ema", proj="full", nonlin="tanh", gate="input"),
     dict(state="diagonal", update="delta", proj="no_z", nonlin="tanh"),
+    dict(update="ntm", proj="tied_kq", nonlin="tanh"),
     dict(state="diagonal", update="simple", proj="tied_kq", nonlin="linear", gate="input"),
 )
 

@@ -3,11 +3,11 @@ and E14, as plain sequential PyTorch (the definition the `gated_*` kernels imple
 
 Per head the state S is n x v, key-first (S[i, j], i over the n keys, j over the v values).
 Per step, from q_t, k_t [n], v_t [v], a column coefficient c_t [v], an optional row modulation
-m_t [n] and optional column parameters e_t, f_t [v]:
+m_t [n], optional column parameters e_t, f_t [v] and an optional column erase x_t [v]:
 
     r = S^T k                          (r_j = sum_i S[i, j] k_i: retrieval with the old state)
     (a, w) = rule(c, v, r, e, f)       (a column multiplier a [v] and a column write w [v])
-    P = (m a^T) * S + k w^T            (m = 1 without a row modulation)
+    P = (m a^T - k x^T) * S + k w^T    (m = 1 without a row modulation, x = 0 without an erase)
     S = act(P)                         (tanh, or the identity for a linear state)
     o = S^T q
 
@@ -17,6 +17,7 @@ The rules (RULES order is the kernels' rule id):
     retain          alpha = sigmoid(c + e r),     a = alpha,  w = (1 - alpha) v
     value_gate      g = sigmoid(e r + f),         a = c,      w = (1 - c) g v
     value_gate_abs  g = sigmoid(-e |r| + f),      a = c,      w = (1 - c) g v
+    write_gate      a = c,                        w = f v
 """
 from __future__ import annotations
 
@@ -24,8 +25,9 @@ import torch
 
 from .reference import STEPS
 
-RULES = ("decay", "ema", "retain", "value_gate", "value_gate_abs")
-NEEDS = {"decay": (), "ema": (), "retain": ("e",), "value_gate": ("e", "f"), "value_gate_abs": ("e", "f")}
+RULES = ("decay", "ema", "retain", "value_gate", "value_gate_abs", "write_gate")
+NEEDS = {"decay": (), "ema": (), "retain": ("e",), "value_gate": ("e", "f"), "value_gate_abs": ("e", "f"),
+         "write_gate": ("f",)}
 
 
 def rule_forward(rule: str, c, v, r, e=None, f=None):
@@ -41,6 +43,8 @@ def rule_forward(rule: str, c, v, r, e=None, f=None):
         return c, (1 - c) * torch.sigmoid(e * r + f) * v
     if rule == "value_gate_abs":
         return c, (1 - c) * torch.sigmoid(-e * r.abs() + f) * v
+    if rule == "write_gate":
+        return c, f * v
     raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
 
 
@@ -51,6 +55,8 @@ def rule_backward(rule: str, c, v, r, e, f, da, dw):
         return da, dw, zero, None, None
     if rule == "ema":
         return da - v * dw, (1 - c) * dw, zero, None, None
+    if rule == "write_gate":
+        return da, f * dw, zero, None, v * dw
     if rule == "retain":
         alpha = torch.sigmoid(c + e * r)
         ds = (da - v * dw) * alpha * (1 - alpha)
@@ -65,11 +71,16 @@ def rule_backward(rule: str, c, v, r, e, f, da, dw):
     return dc, dv, ds * e, ds * r, ds
 
 
-def _step(S, k, v, c, m, e, f, rule, step):
+def _scale(a, m, k, x):
+    """m a^T - k x^T [.., n, v] (without m: 1 a^T; without x: no erase)."""
+    scale = a[..., None, :] if m is None else m[..., :, None] * a[..., None, :]
+    return scale if x is None else scale - k[..., :, None] * x[..., None, :]
+
+
+def _step(S, k, v, c, m, e, f, rule, step, x=None):
     r = torch.einsum("bhij,bhi->bhj", S, k)
     a, w = rule_forward(rule, c, v, r, e, f)
-    scale = a[..., None, :] if m is None else m[..., :, None] * a[..., None, :]
-    P = scale * S + k[..., :, None] * w[..., None, :]
+    P = _scale(a, m, k, x) * S + k[..., :, None] * w[..., None, :]
     return torch.tanh(P) if step == "tanh" else P
 
 
@@ -77,13 +88,13 @@ def _at(x, t):
     return None if x is None else x[t]
 
 
-def recurrence(q, k, v, c, h0, rule: str, step: str = "tanh", m=None, e=None, f=None):
-    """q, k [T, B, H, n], v, c [T, B, H, v], m [T, B, H, n] or None, e, f [T, B, H, v] or None,
+def recurrence(q, k, v, c, h0, rule: str, step: str = "tanh", m=None, e=None, f=None, x=None):
+    """q, k [T, B, H, n], v, c [T, B, H, v], m [T, B, H, n] or None, e, f, x [T, B, H, v] or None,
     h0 [B, H, n, v] -> (o [T, B, H, v], S_T [B, H, n, v])."""
     check_rule(rule, step, e, f)
     S, outs = h0, []
     for t in range(k.shape[0]):
-        S = _step(S, k[t], v[t], c[t], _at(m, t), _at(e, t), _at(f, t), rule, step)
+        S = _step(S, k[t], v[t], c[t], _at(m, t), _at(e, t), _at(f, t), rule, step, _at(x, t))
         outs.append(torch.einsum("bhij,bhi->bhj", S, q[t]))
     return torch.stack(outs), S
 
@@ -100,36 +111,38 @@ def check_rule(rule: str, step: str, e, f) -> None:
                              f"{name} was {'given' if given[name] else 'missing'}")
 
 
-def schedule_forward(q, k, v, c, h0, rule: str, step: str, m=None, e=None, f=None, K: int = 16):
+def schedule_forward(q, k, v, c, h0, rule: str, step: str, m=None, e=None, f=None, K: int = 16, x=None):
     """The kernels' forward schedule: (o, S_T, ckpt [ceil(T / K), B, H, n, v]); checkpoint c
     holds the state before step c K."""
     S, outs, ckpt = h0, [], []
     for t in range(k.shape[0]):
         if t % K == 0:
             ckpt.append(S)
-        S = _step(S, k[t], v[t], c[t], _at(m, t), _at(e, t), _at(f, t), rule, step)
+        S = _step(S, k[t], v[t], c[t], _at(m, t), _at(e, t), _at(f, t), rule, step, _at(x, t))
         outs.append(torch.einsum("bhij,bhi->bhj", S, q[t]))
     return torch.stack(outs), S, torch.stack(ckpt)
 
 
 def schedule_backward(q, k, v, c, ckpt, d_o, d_ST, rule: str, step: str, m=None, e=None, f=None,
-                      K: int = 16):
+                      K: int = 16, x=None):
     """The kernels' backward: chunks in reverse, each replayed from its checkpoint, then per step
-    (dS: gradient of S_t; dP = dS act'(S_t); M = m a^T):
+    (dS: gradient of S_t; dP = dS act'(S_t); M = m a^T - k x^T):
         dS += q do^T;  dq = S_t do
         da = sum_i dP m S_{t-1};  dw = dP^T k;  (dc, dv, dr, de, df) = rule_backward(da, dw)
-        dk = dP w + S_{t-1} dr;  dm = sum_j dP a S_{t-1}
+        dx = -sum_i dP k S_{t-1}
+        dk = dP w + S_{t-1} dr - sum_j dP x S_{t-1};  dm = sum_j dP a S_{t-1}
         dS_{t-1} = M * dP + k dr^T
-    Returns (dq, dk, dv, dc, dm, de, df, dh0) (None for absent inputs)."""
+    Returns (dq, dk, dv, dc, dm, de, df, dh0, dx) (None for absent inputs)."""
     T = k.shape[0]
     dq, dk, dv, dc = (torch.zeros_like(x) for x in (q, k, v, c))
-    dm, de, df = (None if x is None else torch.zeros_like(x) for x in (m, e, f))
+    dm, de, df, dx = (None if t is None else torch.zeros_like(t) for t in (m, e, f, x))
     dS = d_ST.clone()
     for chunk in reversed(range(ckpt.shape[0])):
         start, end = chunk * K, min(T, (chunk + 1) * K)
         states = [ckpt[chunk]]
         for t in range(start, end):
-            states.append(_step(states[-1], k[t], v[t], c[t], _at(m, t), _at(e, t), _at(f, t), rule, step))
+            states.append(_step(states[-1], k[t], v[t], c[t], _at(m, t), _at(e, t), _at(f, t), rule, step,
+                                _at(x, t)))
         for t in reversed(range(start, end)):
             S_new, S_old = states[t - start + 1], states[t - start]
             dS = dS + q[t][..., :, None] * d_o[t][..., None, :]
@@ -148,5 +161,8 @@ def schedule_backward(q, k, v, c, ckpt, d_o, d_ST, rule: str, step: str, m=None,
             dk[t] = torch.einsum("bhij,bhj->bhi", dP, w) + torch.einsum("bhij,bhj->bhi", S_old, dr)
             if dm is not None:
                 dm[t] = torch.einsum("bhij,bhj,bhij->bhi", dP, a, S_old)
-            dS = mt[..., :, None] * a[..., None, :] * dP + k[t][..., :, None] * dr[..., None, :]
-    return dq, dk, dv, dc, dm, de, df, dS
+            if dx is not None:
+                dx[t] = -torch.einsum("bhij,bhi,bhij->bhj", dP, k[t], S_old)
+                dk[t] = dk[t] - torch.einsum("bhij,bhj,bhij->bhi", dP, x[t], S_old)
+            dS = _scale(a, _at(m, t), k[t], _at(x, t)) * dP + k[t][..., :, None] * dr[..., None, :]
+    return dq, dk, dv, dc, dm, de, df, dS, dx
