@@ -20,7 +20,9 @@
 # benchmarks), TRAIN_JOBS (job file for train), TEST_FILES (GPU test paths; default tests),
 # BENCH_ARGS (extra `elman bench` flags), WARM_ARGS (extra `elman warm` flags, e.g. -j 8),
 # CHAPTERS (names: only those chapters). The corpus for train is the packed file that
-# `elman data --pack 200` writes (carry .cache/data/linux-6.1-200M.txt.{xz,json}).
+# `elman data --pack 1200 --part-mb 60` writes: carry .cache/data/debian-mix-1200M.txt.json with
+# .xz.000 in one call, then .xz.001, .002, .003 one per call (64 MiB of carried paths a call; the
+# host keeps what was carried while it stays warm).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
