@@ -169,7 +169,7 @@ def main(args) -> int:
                         torch.cuda.empty_cache()
                         print(f"bench: {e.name} B={B} D={D} {dt}: out of memory, not recorded")
                         continue
-                    except RuntimeError as exc:  # a library that refuses a size: say so, go on
+                    except (RuntimeError, ValueError) as exc:  # a size a library or kernel refuses: say so, go on
                         print(f"bench: {e.name} B={B} D={D} {dt}: {exc}".splitlines()[0])
                         continue
                     records.write(new)
