@@ -137,8 +137,12 @@ def test_reference_layer_runs_forward_and_backward(name):
 def test_cuda_cell_rejects_bad_input_before_launch(name):
     kw = {k: v.float() for k, v in _inputs(name, T=3, B=2, D=8).items()}
     cell = {"E63": e63.cell, "E63b": e63.cell_b, "E63c": e63.cell_c, "E63d": e63.cell_d}[name]
-    with pytest.raises(ValueError, match="persistent"):
-        cell(**kw, backend="cuda", path="persistent")
+    if name == "E63c":
+        with pytest.raises(ValueError, match="E63c has no persistent path"):
+            cell(**kw, backend="cuda", path="persistent")
+    else:
+        with pytest.raises((ValueError, RuntimeError), match="CUDA|cuda"):
+            cell(**kw, backend="cuda", path="persistent")
     with pytest.raises(ValueError, match="path"):
         cell(**kw, backend="cuda", path="grid")
     with pytest.raises((ValueError, RuntimeError), match="CUDA|cuda"):
@@ -152,12 +156,44 @@ def test_cuda_cell_rejects_bad_input_before_launch(name):
 
 
 def test_op_paths_and_plan():
-    assert delta.paths(4, 1024, torch.bfloat16) == ["graph", "steps"]
-    assert delta.plan("auto") == "graph"
-    with pytest.raises(ValueError, match="persistent"):
-        delta.plan("persistent")
+    """Without a GPU only the per-step paths run; E63c never has the persistent one, and fp32
+    never does (the reasons are stated without loading the extension)."""
+    for mode in "abcd":
+        assert delta.paths(mode, 4, 1024, torch.float32) == ["graph", "steps"]
+    assert delta.paths("c", 4, 1024, torch.bfloat16) == ["graph", "steps"]
+    assert not delta.persistent_supported("c", 4, 1024, torch.bfloat16)[0]
+    assert "bf16 only" in delta.persistent_supported("a", 4, 1024, torch.float32)[1]
+    assert delta.plan("c", 4, 1024, torch.bfloat16, "auto") == "graph"
+    assert delta.plan("a", 4, 1024, torch.float32, "auto") == "graph"
+    with pytest.raises(ValueError, match="E63c has no persistent path"):
+        delta.plan("c", 4, 1024, torch.bfloat16, "persistent")
+    with pytest.raises(ValueError, match="bf16 only"):
+        delta.plan("a", 4, 1024, torch.float32, "persistent")
+    assert set(delta.PERSISTENT_EPILOGUE) == {"a", "b", "d"}
     with pytest.raises(ValueError, match="mode"):
         delta.check_mode("e")
+
+
+@pytest.mark.parametrize("mode", ["a", "b", "d"])
+def test_persistent_epilogue_schedule_matches_autograd(mode):
+    """The persistent kernels' epilogue (h_{t-1} and the direct gradient carried per element,
+    gate gradients dh q_i after the product, dh0 = W_h^T dv_0 + carry) in fp64 against
+    autograd through the definition."""
+    torch.manual_seed(3)
+    T, B, D = 5, 3, 7
+    G = delta.CHANNELS[mode]
+    pre = torch.randn(T, B, G * D, dtype=torch.float64, requires_grad=True)
+    w_h = (0.4 * torch.randn(D, D, dtype=torch.float64)).requires_grad_()
+    h0 = (0.5 * torch.randn(B, D, dtype=torch.float64)).requires_grad_()
+    out, h_all, v_all = delta.emulate_persistent_forward(mode, pre, w_h, h0)
+    ref_out, _, _ = delta.emulate_forward(mode, pre, w_h, h0)
+    torch.testing.assert_close(out, ref_out)
+    d_out, d_hT = torch.randn(T, B, D, dtype=torch.float64), torch.randn(B, D, dtype=torch.float64)
+    d_pre, dh0 = delta.emulate_persistent_backward(mode, w_h.detach(), h_all.detach(),
+                                                   v_all.detach(), pre.detach(), d_out, d_hT)
+    a_pre, a_h0 = torch.autograd.grad((out * d_out).sum() + (h_all[-1] * d_hT).sum(), (pre, h0))
+    torch.testing.assert_close(d_pre, a_pre)
+    torch.testing.assert_close(dh0, a_h0)
 
 
 def _cell_record(variant, impl, B, D, us):

@@ -22,11 +22,33 @@ using elman::check::value_error;
 const char* kDims = "[T, B, D]";
 constexpr const char* kSteps = " or use path='steps'";
 
+// The candidate plane of an epilogue that reads h_{t-1} (E63: v [T, B, D], written forward,
+// read backward; persistent path only). Every other epilogue takes none.
+void check_candidate(const elman::check::Tensors& check, int64_t epilogue,
+                     const c10::optional<at::Tensor>& v_all, bool persistent, int64_t T,
+                     int64_t B, int64_t D) {
+  if (!elman::dense_epilogue_reads_prev(int(epilogue))) {
+    if (v_all.has_value())
+      value_error("epilogue " + num(epilogue) + " does not read h_{t-1}: pass no v_all");
+    return;
+  }
+  if (!persistent)
+    value_error("epilogue " + num(epilogue) + " reads h_{t-1} and runs on the persistent path "
+                "only (E63's graph and steps paths are delta_forward / delta_backward)");
+  if (!v_all.has_value()) value_error("epilogue " + num(epilogue) + " needs v_all [T, B, D]");
+  check(*v_all, "v_all", {T, B, D});
+  elman::check::aligned16(*v_all, "v_all", "");
+}
+
 void forward(int64_t epilogue, const at::Tensor& wx, const std::vector<at::Tensor>& gates,
              const at::Tensor& w_h, const c10::optional<at::Tensor>& b, const at::Tensor& h0,
-             at::Tensor& out, at::Tensor& h_all, bool persistent) {
+             at::Tensor& out, at::Tensor& h_all, bool persistent,
+             const c10::optional<at::Tensor>& v_all) {
   elman::DenseForward a = elman::dense_forward_operands(epilogue, wx, gates, w_h, b, h0, out, h_all,
                                                         persistent, {at::kFloat, at::kBFloat16});
+  check_candidate(elman::check::Tensors{wx.device(), wx.scalar_type()}, epilogue, v_all, persistent,
+                  wx.size(0), wx.size(1), wx.size(2));
+  if (v_all.has_value()) a.v_all = v_all->data_ptr();
   const c10::cuda::CUDAGuard guard(wx.device());
   a.stream = at::cuda::getCurrentCUDAStream();
   if (persistent) {
@@ -48,7 +70,7 @@ void forward(int64_t epilogue, const at::Tensor& wx, const std::vector<at::Tenso
 void backward(int64_t epilogue, const at::Tensor& w_h, const at::Tensor& h_all,
               const std::vector<at::Tensor>& gates, const at::Tensor& d_out,
               const at::Tensor& d_hT, at::Tensor& dv, std::vector<at::Tensor> d_gates,
-              at::Tensor& dh0, bool persistent) {
+              at::Tensor& dh0, bool persistent, const c10::optional<at::Tensor>& v_all) {
   const auto check = elman::check::leading(d_out, "d_out", 3, kDims, {at::kFloat, at::kBFloat16});
   const int64_t T = d_out.size(0), B = d_out.size(1), D = d_out.size(2);
   check(d_out, "d_out", {T, B, D});
@@ -61,6 +83,7 @@ void backward(int64_t epilogue, const at::Tensor& w_h, const at::Tensor& h_all,
   check(dv, "dv", {T, B, D});
   elman::dense_check_gates(check, d_gates, n_gates, "d_gates", {T, B, D}, epilogue);
   check(dh0, "dh0", {B, D});
+  check_candidate(check, epilogue, v_all, persistent, T, B, D);
   at::Tensor xchg;
   if (persistent) {
     const auto plan = elman::dense_persistent_plan_checked(epilogue, d_out, B, D, true);
@@ -84,6 +107,7 @@ void backward(int64_t epilogue, const at::Tensor& w_h, const at::Tensor& h_all,
   a.d_hT = d_hT.data_ptr();
   a.dv = dv.data_ptr();
   a.dh0 = dh0.data_ptr();
+  if (v_all.has_value()) a.v_all = v_all->data_ptr();
   if (persistent) {
     a.xchg = xchg.data_ptr();
     elman::check::cuda(elman::dense_persistent_backward(int(epilogue), a), "dense persistent backward");
@@ -143,10 +167,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("epilogues", &epilogues, "{name: {'id': int, 'gates': int}} of the epilogue table");
   m.def("forward", &forward, "dense-family recurrence forward", py::arg("epilogue"), py::arg("wx"),
         py::arg("gates"), py::arg("w_h"), py::arg("b"), py::arg("h0"), py::arg("out"),
-        py::arg("h_all"), py::arg("persistent"));
+        py::arg("h_all"), py::arg("persistent"), py::arg("v_all") = py::none());
   m.def("backward", &backward, "dense-family recurrence backward", py::arg("epilogue"),
         py::arg("w_h"), py::arg("h_all"), py::arg("gates"), py::arg("d_out"), py::arg("d_hT"),
-        py::arg("dv"), py::arg("d_gates"), py::arg("dh0"), py::arg("persistent"));
+        py::arg("dv"), py::arg("d_gates"), py::arg("dh0"), py::arg("persistent"),
+        py::arg("v_all") = py::none());
   m.def("persistent_supported", &persistent_supported,
         "(ok, reason): whether the persistent kernels take this B, D and dtype", py::arg("B"),
         py::arg("D"), py::arg("bf16"), py::arg("epilogue") = 0);

@@ -28,6 +28,8 @@ struct EpilogueInfo {
 int dense_epilogue_count();
 EpilogueInfo dense_epilogue_info(int index);  // index in [0, dense_epilogue_count())
 int dense_epilogue_gates(int id);             // -1: no epilogue has this id
+// Whether epilogue `id` reads h_{t-1} (kReadsPrev: E63; persistent path only, with v_all).
+bool dense_epilogue_reads_prev(int id);
 
 // ---- one call's operands -------------------------------------------------------------
 // Element type: bf16 on the persistent path; float or __nv_bfloat16 (the launcher's T) on
@@ -43,6 +45,7 @@ struct DenseForward {
   const void* h0 = nullptr;
   void* out = nullptr;
   void* h_all = nullptr;
+  void* v_all = nullptr;  // kReadsPrev epilogues: the candidate v [T, B, D] (persistent only)
   void* xchg = nullptr;
 };
 struct DenseBackward {
@@ -56,6 +59,7 @@ struct DenseBackward {
   void* dv = nullptr;
   void* d_gates[kMaxGates] = {};
   void* dh0 = nullptr;
+  const void* v_all = nullptr;  // kReadsPrev epilogues: the forward's candidate v [T, B, D]
   void* xchg = nullptr;
 };
 

@@ -24,22 +24,25 @@
 // output, backward_parts with the signatures of TanhSiluGate below. `Gates<E>` is the
 // per-element array of gate values (one element when kGates = 0, unused).
 //
-// Hook for a variant whose epilogue reads h_{t-1} elementwise and carries a direct gradient
-// term to the previous step (E63: h_t = f(v_t, h_{t-1}, g_t)):
-//   - forward: in both persistent designs the thread that finishes element (n, r) of h_t
-//     is the one that finished (n, r) of h_{t-1} (out_n/out_r in persistent.cuh, sub_j in
-//     grid.cuh do not depend on t), so h_{t-1}(n, r) stays in a register across the step:
-//     add `static constexpr bool kReadsPrev`, pass the previous hb[k] (fp32) to act, and
-//     seed it from h0 in the prologue; steps.cu reads h_all[t] at the same index.
-//   - backward: dh_{t-1} = W_h^T dv_t + d(direct)_t; the direct term of element (n, r) is
-//     produced by the same thread at step t and consumed at step t - 1, so it is carried
-//     in a register too (backward_parts gains `float& carry_out`, the kernel adds the
-//     carried value to acc before finishing, and the final dh0 = acc + carry). h_{t-1} is
-//     one more staged backward input (h_all[t], beside h_t = h_all[t + 1]).
-//   Neither changes the exchange, the multiply or the schedule.
+// An epilogue that reads h_{t-1} elementwise and carries a direct gradient term to the
+// previous step (E63: h_t = blend(v_t, h_{t-1}, g_t), v_t = act(acc + wx + b)) declares
+// `static constexpr bool kReadsPrev = true` and replaces act/output/backward_parts by:
+//   forward : v = act(acc + wx + b);  h = blend(v, h_prev, pre);  out = output(h, pre)
+//             the kernels also store v (the `v_all` plane, [T, B, D]) for the backward.
+//   backward: backward_prev(d_out, h, h_prev, v, g, Back& b) before the product, then after it
+//             dh = acc + b.c + carry;  dv = dh * b.f;  dg_i = dh * b.q[i];  carry = dh * b.a
+//             and at the end dh0 = W_h^T dv_0 + carry.
+// In both persistent designs the thread that finishes element (n, r) of h_t is the one that
+// finished (n, r) of h_{t-1} (out_n/out_r in persistent.cuh, sub_j in grid.cuh do not depend on
+// t), so h_{t-1} (fp32) and the carry stay in registers across steps; the backward stages
+// h_{t-1} (h_all[t]) and v_t besides d_out and h_t. Neither changes the exchange, the multiply
+// or the schedule. Such an epilogue runs on the persistent path only (the per-step kernels
+// refuse it; E63's graph and steps paths are the nonlinear-delta op, delta.h).
 #pragma once
 
 #include <cuda_bf16.h>
+
+#include <type_traits>
 
 #include "common/math.cuh"
 
@@ -47,6 +50,14 @@ namespace elman {
 
 template <class E>
 using Gates = float[E::kGates > 0 ? E::kGates : 1];
+
+// Whether epilogue E reads h_{t-1} (kReadsPrev; absent means false).
+template <class E, class = void>
+struct ReadsPrevOf : std::false_type {};
+template <class E>
+struct ReadsPrevOf<E, std::void_t<decltype(E::kReadsPrev)>> : std::bool_constant<E::kReadsPrev> {};
+template <class E>
+constexpr bool kReadsPrevOf = ReadsPrevOf<E>::value;
 
 // E0 and E1: h = tanh(v), out = h * silu(z), one gate input z. kApprox uses the hardware
 // tanh for tanh and for the sigmoid (sigma(z) = (1 + tanh(z / 2)) / 2; relative error about
@@ -123,12 +134,91 @@ struct LinearSelfGate : SelfGate<kApprox, false> {
   static constexpr const char* kName = "linear_self_gate";
 };
 
+// E63 a, b, d (the nonlinear delta, kReadsPrev): v = tanh(W_h h_{t-1} + W_x x + b), gate
+// inputs the pre-activations g_alpha = W_alpha x + b_alpha (and g_beta), out = h * silu(h):
+//   kMode 0 (E63a): h = alpha h_{t-1} + (1 - alpha) v     kGates 1
+//   kMode 1 (E63b): h = alpha h_{t-1} + beta v            kGates 2
+//   kMode 3 (E63d): h = h_{t-1} + alpha v                 kGates 1
+// Backward, with dh the total gradient of h_t: dv (of the tanh's argument) = dh f, the gate
+// gradients dh q_i, the direct term to h_{t-1} dh a:
+//   0: f = (1 - alpha)(1 - v^2), q = (h_{t-1} - v) alpha (1 - alpha), a = alpha
+//   1: f = beta (1 - v^2), q = (h_{t-1} alpha (1 - alpha), v beta (1 - beta)), a = alpha
+//   3: f = alpha (1 - v^2), q = v alpha (1 - alpha), a = 1
+// (E63c's gates also read U_alpha h, U_beta h: a 3D x D recurrent matrix that the persistent
+// designs cannot hold, see dense_persistent_plan; it runs on the nonlinear-delta op.)
+template <bool kApprox, int kMode>
+struct DeltaBlend {
+  static constexpr bool kReadsPrev = true;
+  static constexpr int kGates = kMode == 1 ? 2 : 1;
+
+  __device__ __forceinline__ static float sigmoid(float z) {
+    return kApprox ? fmaf(0.5f, tanh_approx(0.5f * z), 0.5f) : sigmoidf(z);
+  }
+  __device__ __forceinline__ static float act(float z) { return kApprox ? tanh_approx(z) : tanhf(z); }
+
+  struct Pre {
+    float alpha, beta;
+  };
+  __device__ __forceinline__ static Pre prepare(const float (&g)[kGates]) {
+    return {sigmoid(g[0]), kGates > 1 ? sigmoid(g[kGates - 1]) : 0.f};
+  }
+  __device__ __forceinline__ static float blend(float v, float hp, const Pre& pre) {
+    if constexpr (kMode == 0) return fmaf(pre.alpha, hp - v, v);
+    else if constexpr (kMode == 1) return fmaf(pre.alpha, hp, pre.beta * v);
+    else return fmaf(pre.alpha, v, hp);
+  }
+  __device__ __forceinline__ static float output(float h, const Pre&) { return h * h * sigmoid(h); }
+
+  struct Back {
+    float c, f, a;
+    float q[kGates];
+  };
+  __device__ __forceinline__ static void backward_prev(float d_out, float h, float hp, float v,
+                                                       const float (&g)[kGates], Back& b) {
+    const float s = sigmoid(h);
+    b.c = d_out * (h * s) * fmaf(h, 1.f - s, 2.f);
+    const float alpha = sigmoid(g[0]), da = alpha * (1.f - alpha), dt = 1.f - v * v;
+    if constexpr (kMode == 0) {
+      b.f = (1.f - alpha) * dt;
+      b.q[0] = (hp - v) * da;
+      b.a = alpha;
+    } else if constexpr (kMode == 1) {
+      const float beta = sigmoid(g[kGates - 1]);
+      b.f = beta * dt;
+      b.q[0] = hp * da;
+      b.q[kGates - 1] = v * beta * (1.f - beta);
+      b.a = alpha;
+    } else {
+      b.f = alpha * dt;
+      b.q[0] = v * da;
+      b.a = 1.f;
+    }
+  }
+};
+
+template <bool kApprox>
+struct DeltaComplementary : DeltaBlend<kApprox, 0> {
+  static constexpr int kId = 3;
+  static constexpr const char* kName = "delta_complementary";
+};
+template <bool kApprox>
+struct DeltaIndependent : DeltaBlend<kApprox, 1> {
+  static constexpr int kId = 4;
+  static constexpr const char* kName = "delta_independent";
+};
+template <bool kApprox>
+struct DeltaAdditive : DeltaBlend<kApprox, 3> {
+  static constexpr int kId = 5;
+  static constexpr const char* kName = "delta_additive";
+};
+
 // ---- the table ---------------------------------------------------------------------------
 template <template <bool> class... E>
 struct EpilogueList {};
 
 // Every production dense epilogue. Ids must be unique (checked below).
-using DenseEpilogues = EpilogueList<TanhSiluGate, TanhSelfGate, LinearSelfGate>;
+using DenseEpilogues = EpilogueList<TanhSiluGate, TanhSelfGate, LinearSelfGate, DeltaComplementary,
+                                    DeltaIndependent, DeltaAdditive>;
 
 // Calls f(E<kApprox>{}) for the epilogue of `id` in List; false when no entry has that id.
 template <bool kApprox, class List>

@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "dense/dense.h"
+#include "dense/epilogues.cuh"
 #include "dense/zeros.cuh"
 
 namespace elman {
@@ -21,6 +22,16 @@ struct WithSecondGate : Base {
 };
 template <class Base, int kG>
 using GateArgs = std::conditional_t<(kG > 1), WithSecondGate<Base>, Base>;
+
+// An epilogue that reads h_{t-1} (kReadsPrev) also has the candidate plane v [T][B][D]:
+// written forward, staged backward. The others keep the gate struct itself.
+template <class Base>
+struct WithCandidate : Base {
+  __nv_bfloat16* v_all;
+};
+template <class Base, class Epi>
+using EpiArgs = std::conditional_t<kReadsPrevOf<Epi>, WithCandidate<GateArgs<Base, Epi::kGates>>,
+                                   GateArgs<Base, Epi::kGates>>;
 
 // Gate input i and its gradient, by static indices (the pointers stay kernel parameters).
 template <int kG, class A>
@@ -63,6 +74,10 @@ void set_backward(A& a, const DenseBackward& g) {
   a.d_hT = static_cast<const __nv_bfloat16*>(g.d_hT);
   a.dv = static_cast<__nv_bfloat16*>(g.dv);
   a.dh0 = static_cast<__nv_bfloat16*>(g.dh0);
+}
+template <class Epi, class A>
+void set_candidate(A& a, const void* v_all) {
+  if constexpr (kReadsPrevOf<Epi>) a.v_all = static_cast<__nv_bfloat16*>(const_cast<void*>(v_all));
 }
 
 }  // namespace elman

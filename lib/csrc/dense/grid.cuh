@@ -100,6 +100,8 @@ struct Args {
 };
 template <int kG>
 using ArgsFor = GateArgs<Args, kG>;
+template <class Epi>
+using ArgsOf = EpiArgs<Args, Epi>;
 
 // The trace of the cluster design (persistent.cuh), same layout: clock64 at six phase
 // boundaries of each step (start, state slice 0 arrived, multiplied, partial sums of the
@@ -144,10 +146,11 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
 
 
 // NT n-tiles of 8 batch columns; staged inputs: forward wx and the kGates gates, backward
-// d_out, h and the gates.
-template <int NT, int kGates, bool kBackward>
+// d_out, h (with kPrev also h_{t-1} and v) and the gates.
+template <int NT, int kGates, bool kBackward, bool kPrev = false>
 struct Tile {
-  static constexpr int kIn = (kBackward ? 2 : 1) + kGates;
+  static constexpr int kGateAt = kBackward ? (kPrev ? 4 : 2) : 1;  // first staged gate input
+  static constexpr int kIn = kGateAt + kGates;
   static constexpr int kBc = NT * 8;
   static constexpr int kSlice = kBc * kRows;                  // one source's state slice
   static constexpr uint32_t kSliceBytes = kSlice * 2;
@@ -199,13 +202,19 @@ struct Tile {
       load_a(a, w, kDim, row0() + mrow0(), q * kCols + kgroup() * (kCols / kKGroups), transposed);
   }
 
-  __device__ static const __nv_bfloat16* source(const ArgsFor<kGates>& p, int k) {
+  template <class A>
+  __device__ static const __nv_bfloat16* source(const A& p, int k) {
     if (!kBackward) return k == 0 ? p.wx : gate_input<kGates>(p, k - 1);
+    if constexpr (kPrev) {
+      if (k == 2) return p.h_all;
+      if (k == 3) return p.v_all;
+    }
     return k == 0 ? p.d_out : k == 1 ? p.h_all + size_t(p.batch) * kDim
-                                     : gate_input<kGates>(p, k - 2);
+                                     : gate_input<kGates>(p, k - kGateAt);
   }
   // Stage step t of the inputs of this CTA's 16 rows into ring buffer i: [kIn][bc][16].
-  __device__ void stage_inputs(int i, const ArgsFor<kGates>& p, int t, bool skip) const {
+  template <class A>
+  __device__ void stage_inputs(int i, const A& p, int t, bool skip) const {
     __nv_bfloat16* dst = stage() + (i % kStages) * kIn * kSubElems;
     constexpr int kChunks = kBc * 2;  // two 16-byte chunks per (column, 16 rows)
     for (int c = threadIdx.x; !skip && c < kIn * kChunks; c += kThreads) {
@@ -372,8 +381,9 @@ struct Tile {
 };
 
 template <int NT, class Epi, bool kTrace>
-__global__ void __launch_bounds__(kThreads, 1) grid_forward(ArgsFor<Epi::kGates> p) {
+__global__ void __launch_bounds__(kThreads, 1) grid_forward(ArgsOf<Epi> p) {
   using G = Tile<NT, Epi::kGates, false>;
+  constexpr bool kPrev = kReadsPrevOf<Epi>;
   extern __shared__ __align__(128) unsigned char smem[];
   G g(smem);
   stamp<kTrace>(p, 0);
@@ -388,11 +398,13 @@ __global__ void __launch_bounds__(kThreads, 1) grid_forward(ArgsFor<Epi::kGates>
     g.state()[(k / kRows) * G::kSlice + n * kRows + swz(n, k % kRows)] = v;
   }
   float bias[G::kPerSub];
+  float h_prev[kPrev ? G::kPerSub : 1];  // kPrev: this thread's h_{t-1}, fp32
 #pragma unroll
   for (int i = 0; i < G::kPerSub; ++i) {
     const int j = G::sub_j(i);
     bias[i] = to_float(p.b[g.sub0() + j % kSub]);
     if (g.live(p, j)) p.h_all[g.offset(p, j)] = p.h0[g.offset(p, j)];
+    if constexpr (kPrev) h_prev[i] = g.live(p, j) ? to_float(p.h0[g.offset(p, j)]) : 0.f;
   }
   fence_async_shared();  // h0 was written by threads; wgmma reads it through the async proxy
   G::wait_inputs();
@@ -423,12 +435,20 @@ __global__ void __launch_bounds__(kThreads, 1) grid_forward(ArgsFor<Epi::kGates>
     mark<kTrace>(p, t, 2);
     g.exchange_partials(p, t);
     mark<kTrace>(p, t, 3);
-    __nv_bfloat16 hb[G::kPerSub], ob[G::kPerSub];
+    __nv_bfloat16 hb[G::kPerSub], ob[G::kPerSub], vb[kPrev ? G::kPerSub : 1];
 #pragma unroll
     for (int i = 0; i < G::kPerSub; ++i) {
       const int j = G::sub_j(i);
       if (j >= G::kSubElems) continue;
-      const float h = Epi::act(g.reduce(p, t, j) + pre_v[i]);
+      float h;
+      if constexpr (kPrev) {
+        const float v = Epi::act(g.reduce(p, t, j) + pre_v[i]);
+        h = Epi::blend(v, h_prev[i], pre[i]);
+        h_prev[i] = h;
+        vb[i] = __float2bfloat16_rn(v);
+      } else {
+        h = Epi::act(g.reduce(p, t, j) + pre_v[i]);
+      }
       hb[i] = __float2bfloat16_rn(h);
       ob[i] = __float2bfloat16_rn(Epi::output(h, pre[i]));
       if (!last) g.put(p, t, j, hb[i]);
@@ -445,14 +465,16 @@ __global__ void __launch_bounds__(kThreads, 1) grid_forward(ArgsFor<Epi::kGates>
       if (!g.live(p, j)) continue;
       p.out[t * BD + g.offset(p, j)] = ob[i];
       p.h_all[(t + 1) * BD + g.offset(p, j)] = hb[i];
+      if constexpr (kPrev) p.v_all[t * BD + g.offset(p, j)] = vb[i];
     }
   }
   stamp<kTrace>(p, 1);
 }
 
 template <int NT, class Epi>
-__global__ void __launch_bounds__(kThreads, 1) grid_backward(ArgsFor<Epi::kGates> p) {
-  using G = Tile<NT, Epi::kGates, true>;  // staged: d_out_t, h_t, gates_t
+__global__ void __launch_bounds__(kThreads, 1) grid_backward(ArgsOf<Epi> p) {
+  constexpr bool kPrev = kReadsPrevOf<Epi>;
+  using G = Tile<NT, Epi::kGates, true, kPrev>;  // staged: d_out_t, h_t, (h_{t-1}, v_t,) gates_t
   constexpr int kG = Epi::kGates;
   extern __shared__ __align__(128) unsigned char smem[];
   G g(smem);
@@ -462,6 +484,7 @@ __global__ void __launch_bounds__(kThreads, 1) grid_backward(ArgsFor<Epi::kGates
   g.load_weights(p.w, true);
   G::wait_inputs();
   __syncthreads();
+  float carry[kPrev ? G::kPerSub : 1] = {};  // kPrev: dh_{t+1} dh_{t+1}/dh_t of this element
 
   for (int u = 0; u < T; ++u) {  // u-th step from the end: t = T - 1 - u
     const int t = T - 1 - u;
@@ -469,16 +492,28 @@ __global__ void __launch_bounds__(kThreads, 1) grid_backward(ArgsFor<Epi::kGates
     const __nv_bfloat16* in = g.inputs(u);
     float pre_c[G::kPerSub], pre_f[G::kPerSub];
     __nv_bfloat16 dgb[kG > 0 ? kG : 1][G::kPerSub];
+    float pre_q[kPrev ? kG : 1][kPrev ? G::kPerSub : 1], pre_a[kPrev ? G::kPerSub : 1];
 #pragma unroll
     for (int i = 0; i < G::kPerSub; ++i) {
       const int j = min(G::sub_j(i), G::kSubElems - 1);
       const float d_out = to_float(in[j]), h = to_float(in[G::kSubElems + j]);
       Gates<Epi> gv, dg;
 #pragma unroll
-      for (int k = 0; k < kG; ++k) gv[k] = to_float(in[(2 + k) * G::kSubElems + j]);
-      Epi::backward_parts(d_out, h, gv, pre_c[i], pre_f[i], dg);
+      for (int k = 0; k < kG; ++k) gv[k] = to_float(in[(G::kGateAt + k) * G::kSubElems + j]);
+      if constexpr (kPrev) {  // the gate gradients need dh: dh q_k after the product
+        typename Epi::Back b;
+        Epi::backward_prev(d_out, h, to_float(in[2 * G::kSubElems + j]),
+                           to_float(in[3 * G::kSubElems + j]), gv, b);
+        pre_c[i] = b.c;
+        pre_f[i] = b.f;
+        pre_a[i] = b.a;
 #pragma unroll
-      for (int k = 0; k < kG; ++k) dgb[k][i] = __float2bfloat16_rn(dg[k]);
+        for (int k = 0; k < kG; ++k) pre_q[k][i] = b.q[k];
+      } else {
+        Epi::backward_parts(d_out, h, gv, pre_c[i], pre_f[i], dg);
+#pragma unroll
+        for (int k = 0; k < kG; ++k) dgb[k][i] = __float2bfloat16_rn(dg[k]);
+      }
     }
     g.stage_inputs(u + kLead, p, t - kLead, u + kLead >= T);
     jitter(u, 1);
@@ -496,7 +531,15 @@ __global__ void __launch_bounds__(kThreads, 1) grid_backward(ArgsFor<Epi::kGates
       if (j >= G::kSubElems) continue;
       const float acc = u > 0 ? g.reduce(p, u - 1, j)
                               : (g.live(p, j) ? to_float(p.d_hT[g.offset(p, j)]) : 0.f);
-      dvb[i] = __float2bfloat16_rn((acc + pre_c[i]) * pre_f[i]);
+      if constexpr (kPrev) {
+        const float dh = acc + pre_c[i] + carry[i];
+        dvb[i] = __float2bfloat16_rn(dh * pre_f[i]);
+#pragma unroll
+        for (int k = 0; k < kG; ++k) dgb[k][i] = __float2bfloat16_rn(dh * pre_q[k][i]);
+        carry[i] = dh * pre_a[i];
+      } else {
+        dvb[i] = __float2bfloat16_rn((acc + pre_c[i]) * pre_f[i]);
+      }
       g.put(p, u, j, dvb[i]);
     }
     jitter(u, 4);
@@ -520,16 +563,20 @@ __global__ void __launch_bounds__(kThreads, 1) grid_backward(ArgsFor<Epi::kGates
 #pragma unroll
   for (int i = 0; i < G::kPerSub; ++i) {
     const int j = G::sub_j(i);
-    if (g.live(p, j)) p.dh0[g.offset(p, j)] = __float2bfloat16_rn(g.reduce(p, T - 1, j));
+    if constexpr (kPrev) {
+      if (g.live(p, j)) p.dh0[g.offset(p, j)] = __float2bfloat16_rn(g.reduce(p, T - 1, j) + carry[i]);
+    } else {
+      if (g.live(p, j)) p.dh0[g.offset(p, j)] = __float2bfloat16_rn(g.reduce(p, T - 1, j));
+    }
   }
 }
 
 // ---- planning and launch (templates over the epilogue) ---------------------------------
-template <int kG>
-using KernelPtr = void (*)(ArgsFor<kG>);
+template <class Epi>
+using KernelPtr = void (*)(ArgsOf<Epi>);
 
 template <class Epi>
-KernelPtr<Epi::kGates> pick(int nt, bool backward, bool trace = false) {
+KernelPtr<Epi> pick(int nt, bool backward, bool trace = false) {
 #ifdef ELMAN_TRACE  // the traced forward exists in the development build only
 #define ELMAN_FORWARD(NT) trace ? grid_forward<NT, Epi, true> : grid_forward<NT, Epi, false>
 #else
@@ -545,13 +592,13 @@ KernelPtr<Epi::kGates> pick(int nt, bool backward, bool trace = false) {
 #undef ELMAN_CASE
 #undef ELMAN_FORWARD
 }
-template <int kGates>
+template <int kGates, bool kPrev = false>
 int smem_for(int nt, bool backward) {
   switch (nt) {
-    case 1: return backward ? Tile<1, kGates, true>::kSmem : Tile<1, kGates, false>::kSmem;
-    case 2: return backward ? Tile<2, kGates, true>::kSmem : Tile<2, kGates, false>::kSmem;
-    case 4: return backward ? Tile<4, kGates, true>::kSmem : Tile<4, kGates, false>::kSmem;
-    default: return backward ? Tile<8, kGates, true>::kSmem : Tile<8, kGates, false>::kSmem;
+    case 1: return backward ? Tile<1, kGates, true, kPrev>::kSmem : Tile<1, kGates, false>::kSmem;
+    case 2: return backward ? Tile<2, kGates, true, kPrev>::kSmem : Tile<2, kGates, false>::kSmem;
+    case 4: return backward ? Tile<4, kGates, true, kPrev>::kSmem : Tile<4, kGates, false>::kSmem;
+    default: return backward ? Tile<8, kGates, true, kPrev>::kSmem : Tile<8, kGates, false>::kSmem;
   }
 }
 inline int tiles_for(int batch) {  // n-tiles of 8 batch columns per launch: 1, 2, 4 or 8
@@ -566,9 +613,9 @@ inline size_t partial_bytes(int bc) { return size_t(2) * kCtas * bc * kRows * 4;
 
 template <class Epi>
 cudaError_t launch(const PersistentPlan& plan, bool backward, cudaStream_t stream,
-                   ArgsFor<Epi::kGates> a,
+                   ArgsOf<Epi> a,
                    void* xchg) {
-  KernelPtr<Epi::kGates> k = pick<Epi>(plan.bc / 8, backward, a.trace != nullptr);
+  KernelPtr<Epi> k = pick<Epi>(plan.bc / 8, backward, a.trace != nullptr);
   if (k == nullptr) return cudaErrorInvalidValue;  // a trace asked of a build without it
   if (a.trace != nullptr) {  // the plan set the attribute of the untraced kernel only
     const cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.smem);
@@ -609,13 +656,13 @@ PersistentPlan make_plan(int batch, int dim, bool backward) {
   int dev = 0;
   cudaGetDevice(&dev);
   const int nt = tiles_for(batch);
-  const int smem = smem_for<Epi::kGates>(nt, backward);
+  const int smem = smem_for<Epi::kGates, kReadsPrevOf<Epi>>(nt, backward);
   static int cache[8][9][2];  // CTAs of this kernel the GPU holds at once, per device
   static bool cached[8][9][2];
   int& resident = cache[dev & 7][nt][backward];
   if (!cached[dev & 7][nt][backward]) {
     cached[dev & 7][nt][backward] = true;
-    KernelPtr<Epi::kGates> k = pick<Epi>(nt, backward);
+    KernelPtr<Epi> k = pick<Epi>(nt, backward);
     int per_sm = 0, sms = 0;
     if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
             cudaSuccess ||
@@ -643,16 +690,18 @@ PersistentPlan make_plan(int batch, int dim, bool backward) {
 
 template <class Epi>
 cudaError_t forward(const PersistentPlan& plan, const DenseForward& f, long long* trace) {
-  ArgsFor<Epi::kGates> a = {};
+  ArgsOf<Epi> a = {};
   set_forward<Epi::kGates>(a, f);
+  set_candidate<Epi>(a, f.v_all);
   a.trace = trace;
   return launch<Epi>(plan, false, f.stream, a, f.xchg);
 }
 
 template <class Epi>
 cudaError_t backward(const PersistentPlan& plan, const DenseBackward& g) {
-  ArgsFor<Epi::kGates> a = {};
+  ArgsOf<Epi> a = {};
   set_backward<Epi::kGates>(a, g);
+  set_candidate<Epi>(a, g.v_all);
   return launch<Epi>(plan, true, g.stream, a, g.xchg);
 }
 

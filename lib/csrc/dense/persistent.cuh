@@ -91,6 +91,8 @@ struct Args {
 };
 template <int kG>
 using ArgsFor = GateArgs<Args, kG>;
+template <class Epi>
+using ArgsOf = EpiArgs<Args, Epi>;
 
 // Phases of a step recorded by `trace` (clock64 at each boundary, kTracePhases per step).
 // After the T steps: clock64 and %globaltimer (ns) at kernel start and end, for the clock rate.
@@ -118,10 +120,11 @@ __device__ __forceinline__ void stamp(const Args& p, int slot) {
 
 // ---- the per-CTA machinery shared by forward and backward ---------------------------------
 // KS = D / 256; NT = bc / 8 mma n-tiles; kGates gate inputs; staged input tensors: forward
-// wx and the gates, backward d_out, h and the gates.
-template <int KS, int NT, int kGates, bool kBackward>
+// wx and the gates, backward d_out, h (with kPrev also h_{t-1} and v) and the gates.
+template <int KS, int NT, int kGates, bool kBackward, bool kPrev = false>
 struct Cta {
-  static constexpr int kIn = (kBackward ? 2 : 1) + kGates;
+  static constexpr int kGateAt = kBackward ? (kPrev ? 4 : 2) : 1;  // first staged gate input
+  static constexpr int kIn = kGateAt + kGates;
   static constexpr int kBc = NT * 8;
   static constexpr int kDim = KS * 256;
   static constexpr int kRanks = kDim / kRows;                  // CTAs of the cluster
@@ -181,18 +184,25 @@ struct Cta {
   }
 
   // The staged [T][B][D] inputs, read from the kernel parameters when needed (they cost no
-  // registers): forward wx, gates; backward d_out, h (h_all shifted by one step), gates.
-  __device__ static const __nv_bfloat16* source(const ArgsFor<kGates>& p, int k) {
+  // registers): forward wx, gates; backward d_out, h (h_all shifted by one step), with kPrev
+  // h_{t-1} (h_all) and v, then the gates.
+  template <class A>
+  __device__ static const __nv_bfloat16* source(const A& p, int k) {
     if (!kBackward) return k == 0 ? p.wx : gate_input<kGates>(p, k - 1);
+    if constexpr (kPrev) {
+      if (k == 2) return p.h_all;
+      if (k == 3) return p.v_all;
+    }
     return k == 0 ? p.d_out : k == 1 ? p.h_all + size_t(p.batch) * kDim
-                                     : gate_input<kGates>(p, k - 2);
+                                     : gate_input<kGates>(p, k - kGateAt);
   }
 
   // Stage step t of the inputs into input buffer i (live batches only), as one cp.async
   // group; `skip` commits an empty group (keeps the group count uniform). At 8 batch columns
   // the copies are issued by the last warps, away from warp 0, which also records the trace
   // (measured: 0.74 -> 0.70 us a step at B = 4, D = 512; at 16 columns it was slower).
-  __device__ void stage_inputs(int i, const ArgsFor<kGates>& p, int t, bool skip) {
+  template <class A>
+  __device__ void stage_inputs(int i, const A& p, int t, bool skip) {
     const int batch = p.batch;
     __nv_bfloat16* dst = stage() + (i % kStages) * kIn * kSlice;
     const int first = NT == 1 ? kThreads - 1 - int(threadIdx.x) : int(threadIdx.x);
@@ -342,8 +352,9 @@ struct Cta {
 };
 
 template <int KS, int NT, class Epi, bool kTrace>
-__global__ void __launch_bounds__(kThreads, 1) forward_kernel(ArgsFor<Epi::kGates> p) {
+__global__ void __launch_bounds__(kThreads, 1) forward_kernel(ArgsOf<Epi> p) {
   using C = Cta<KS, NT, Epi::kGates, false>;  // staged inputs: wx, gates
+  constexpr bool kPrev = kReadsPrevOf<Epi>;
   cg::cluster_group cluster = cg::this_cluster();
   extern __shared__ __align__(16) unsigned char smem[];
   C cta(smem, cluster);
@@ -358,12 +369,14 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(ArgsFor<Epi::kGate
         cta.n0 + n < p.batch ? p.h0[size_t(cta.n0 + n) * C::kDim + k] : __float2bfloat16_rn(0.f);
   }
   float bias[C::kPerThread];
+  float h_prev[kPrev ? C::kPerThread : 1];  // kPrev: this thread's h_{t-1}, fp32
 #pragma unroll
   for (int k = 0; k < C::kPerThread; ++k) {
     const int n = C::out_n(k), r = C::out_r(k);
     bias[k] = to_float(p.b[cta.row0 + r]);
     const size_t off = size_t(cta.n0 + n) * C::kDim + cta.row0 + r;
     if (cta.n0 + n < p.batch) p.h_all[off] = p.h0[off];
+    if constexpr (kPrev) h_prev[k] = cta.n0 + n < p.batch ? to_float(p.h0[off]) : 0.f;
   }
   C::wait_inputs();
   cluster.sync();  // barriers initialised, h0 and the inputs of step 0 in place in every CTA
@@ -395,11 +408,19 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(ArgsFor<Epi::kGate
     __syncthreads();  // partial sums complete
     mark<kTrace>(p, t, 3);
     __nv_bfloat16* slot = cta.slot(p, t);
-    __nv_bfloat16 hb[C::kPerThread], ob[C::kPerThread];
+    __nv_bfloat16 hb[C::kPerThread], ob[C::kPerThread], vb[kPrev ? C::kPerThread : 1];
 #pragma unroll
     for (int k = 0; k < C::kPerThread; ++k) {
       const int n = C::out_n(k), r = C::out_r(k);
-      const float h = Epi::act(cta.reduce(n, r) + pre_v[k]);
+      float h;
+      if constexpr (kPrev) {
+        const float v = Epi::act(cta.reduce(n, r) + pre_v[k]);
+        h = Epi::blend(v, h_prev[k], pre[k]);
+        h_prev[k] = h;
+        vb[k] = __float2bfloat16_rn(v);
+      } else {
+        h = Epi::act(cta.reduce(n, r) + pre_v[k]);
+      }
       hb[k] = __float2bfloat16_rn(h);
       slot[n * kSrcRow + r] = hb[k];
       ob[k] = __float2bfloat16_rn(Epi::output(h, pre[k]));
@@ -410,15 +431,18 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(ArgsFor<Epi::kGate
     if (!last) cta.publish(p, t);
     jitter(t, 5);
     mark<kTrace>(p, t, 5);
-    cta.store(p, p.out + t * BD, ob, p.h_all + (t + 1) * BD, hb);
+    if constexpr (kPrev) cta.store(p, p.out + t * BD, ob, p.h_all + (t + 1) * BD, hb, p.v_all + t * BD, vb);
+    else cta.store(p, p.out + t * BD, ob, p.h_all + (t + 1) * BD, hb);
   }
   cluster.sync();  // no CTA leaves while another may still address its shared memory
   stamp<kTrace>(p, 1);
 }
 
 template <int KS, int NT, class Epi>
-__global__ void __launch_bounds__(kThreads, 1) backward_kernel(ArgsFor<Epi::kGates> p) {
-  using C = Cta<KS, NT, Epi::kGates, true>;  // staged: d_out_t, h_t (= h_all[t + 1]), gates_t
+__global__ void __launch_bounds__(kThreads, 1) backward_kernel(ArgsOf<Epi> p) {
+  constexpr bool kPrev = kReadsPrevOf<Epi>;
+  // staged: d_out_t, h_t (= h_all[t + 1]), with kPrev h_{t-1} and v_t, gates_t
+  using C = Cta<KS, NT, Epi::kGates, true, kPrev>;
   constexpr int kG = Epi::kGates;
   cg::cluster_group cluster = cg::this_cluster();
   extern __shared__ __align__(16) unsigned char smem[];
@@ -431,6 +455,7 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(ArgsFor<Epi::kGat
   cta.load_weights(p.w, true);
   C::wait_inputs();
   cluster.sync();
+  float carry[kPrev ? C::kPerThread : 1] = {};  // kPrev: dh_{t+1} dh_{t+1}/dh_t of this element
 
   for (int u = 0; u < T; ++u) {  // u-th step from the end: t = T - 1 - u
     const int t = T - 1 - u;
@@ -447,16 +472,28 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(ArgsFor<Epi::kGat
     const __nv_bfloat16* in = cta.inputs(u);
     float pre_c[C::kPerThread], pre_f[C::kPerThread];
     __nv_bfloat16 dgb[kG > 0 ? kG : 1][C::kPerThread];  // the gate gradients
+    float pre_q[kPrev ? kG : 1][kPrev ? C::kPerThread : 1], pre_a[kPrev ? C::kPerThread : 1];
 #pragma unroll
     for (int k = 0; k < C::kPerThread; ++k) {
       const int j = C::out_n(k) * kRows + C::out_r(k);
       const float d_out = to_float(in[j]), h = to_float(in[C::kSlice + j]);
       Gates<Epi> g, dg;
 #pragma unroll
-      for (int i = 0; i < kG; ++i) g[i] = to_float(in[(2 + i) * C::kSlice + j]);
-      Epi::backward_parts(d_out, h, g, pre_c[k], pre_f[k], dg);
+      for (int i = 0; i < kG; ++i) g[i] = to_float(in[(C::kGateAt + i) * C::kSlice + j]);
+      if constexpr (kPrev) {  // the gate gradients need dh: dh q_i after the product
+        typename Epi::Back b;
+        Epi::backward_prev(d_out, h, to_float(in[2 * C::kSlice + j]),
+                           to_float(in[3 * C::kSlice + j]), g, b);
+        pre_c[k] = b.c;
+        pre_f[k] = b.f;
+        pre_a[k] = b.a;
 #pragma unroll
-      for (int i = 0; i < kG; ++i) dgb[i][k] = __float2bfloat16_rn(dg[i]);
+        for (int i = 0; i < kG; ++i) pre_q[i][k] = b.q[i];
+      } else {
+        Epi::backward_parts(d_out, h, g, pre_c[k], pre_f[k], dg);
+#pragma unroll
+        for (int i = 0; i < kG; ++i) dgb[i][k] = __float2bfloat16_rn(dg[i]);
+      }
     }
     __syncthreads();  // partial sums complete
     __nv_bfloat16* slot = cta.slot(p, u);
@@ -466,7 +503,15 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(ArgsFor<Epi::kGat
       const int n = C::out_n(k), r = C::out_r(k);
       const size_t off = size_t(cta.n0 + n) * C::kDim + cta.row0 + r;
       const float acc = u > 0 ? cta.reduce(n, r) : (cta.n0 + n < p.batch ? to_float(p.d_hT[off]) : 0.f);
-      dvb[k] = __float2bfloat16_rn((acc + pre_c[k]) * pre_f[k]);
+      if constexpr (kPrev) {
+        const float dh = acc + pre_c[k] + carry[k];
+        dvb[k] = __float2bfloat16_rn(dh * pre_f[k]);
+#pragma unroll
+        for (int i = 0; i < kG; ++i) dgb[i][k] = __float2bfloat16_rn(dh * pre_q[i][k]);
+        carry[k] = dh * pre_a[k];
+      } else {
+        dvb[k] = __float2bfloat16_rn((acc + pre_c[k]) * pre_f[k]);
+      }
       slot[n * kSrcRow + r] = dvb[k];
     }
     jitter(u, 4);
@@ -477,13 +522,14 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(ArgsFor<Epi::kGat
     else if constexpr (kG == 1) cta.store(p, p.dv + t * BD, dvb, p.dg0 + t * BD, dgb[0]);
     else cta.store(p, p.dv + t * BD, dvb, p.dg0 + t * BD, dgb[0], gate_grad<kG>(p, 1) + t * BD, dgb[1]);
   }
-  // dh0 = W_h^T dv_0, exchange T - 1.
+  // dh0 = W_h^T dv_0 (+ the carried direct term), exchange T - 1.
   cta.multiply(T, T - 1, none);
   __syncthreads();
 #pragma unroll
   for (int k = 0; k < C::kPerThread; ++k) {
     const int n = C::out_n(k), r = C::out_r(k);
-    const float acc = cta.reduce(n, r);
+    float acc = cta.reduce(n, r);
+    if constexpr (kPrev) acc += carry[k];
     if (cta.n0 + n < p.batch)
       p.dh0[size_t(cta.n0 + n) * C::kDim + cta.row0 + r] = __float2bfloat16_rn(acc);
   }
@@ -491,11 +537,11 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(ArgsFor<Epi::kGat
 }
 
 // ---- planning and launch (templates over the epilogue) ---------------------------------
-template <int kG>
-using KernelPtr = void (*)(ArgsFor<kG>);
+template <class Epi>
+using KernelPtr = void (*)(ArgsOf<Epi>);
 
 template <class Epi>
-KernelPtr<Epi::kGates> pick(int ks, int nt, bool backward, bool trace = false) {
+KernelPtr<Epi> pick(int ks, int nt, bool backward, bool trace = false) {
 #ifdef ELMAN_TRACE  // the traced forward exists in the development build only
 #define ELMAN_FORWARD(KS, NT) \
   trace ? forward_kernel<KS, NT, Epi, true> : forward_kernel<KS, NT, Epi, false>
@@ -511,26 +557,27 @@ KernelPtr<Epi::kGates> pick(int ks, int nt, bool backward, bool trace = false) {
   return nullptr;
 }
 
-template <int KS, int kGates>
+template <int KS, int kGates, bool kPrev>
 int smem_for_ks(int nt, bool backward) {
-  if (nt == 1) return backward ? Cta<KS, 1, kGates, true>::kSmem : Cta<KS, 1, kGates, false>::kSmem;
-  return backward ? Cta<KS, 2, kGates, true>::kSmem : Cta<KS, 2, kGates, false>::kSmem;
+  if (nt == 1)
+    return backward ? Cta<KS, 1, kGates, true, kPrev>::kSmem : Cta<KS, 1, kGates, false>::kSmem;
+  return backward ? Cta<KS, 2, kGates, true, kPrev>::kSmem : Cta<KS, 2, kGates, false>::kSmem;
 }
 
-template <int kGates>
+template <int kGates, bool kPrev = false>
 int smem_for(int ks, int nt, bool backward) {
   switch (ks) {
-    case 1: return smem_for_ks<1, kGates>(nt, backward);
-    case 2: return smem_for_ks<2, kGates>(nt, backward);
-    case 3: return smem_for_ks<3, kGates>(nt, backward);
-    default: return smem_for_ks<4, kGates>(nt, backward);
+    case 1: return smem_for_ks<1, kGates, kPrev>(nt, backward);
+    case 2: return smem_for_ks<2, kGates, kPrev>(nt, backward);
+    case 3: return smem_for_ks<3, kGates, kPrev>(nt, backward);
+    default: return smem_for_ks<4, kGates, kPrev>(nt, backward);
   }
 }
 
 template <class Epi>
 cudaError_t launch(const PersistentPlan& plan, int dim, bool backward, cudaStream_t stream,
-                   const ArgsFor<Epi::kGates>& args) {
-  KernelPtr<Epi::kGates> k = pick<Epi>(dim / 256, plan.bc / 8, backward, args.trace != nullptr);
+                   const ArgsOf<Epi>& args) {
+  KernelPtr<Epi> k = pick<Epi>(dim / 256, plan.bc / 8, backward, args.trace != nullptr);
   if (k == nullptr) return cudaErrorInvalidValue;  // a trace asked of a build without it
   if (args.trace != nullptr) {  // the plan set the attributes of the untraced kernel only
     const cudaError_t e = allow_cluster_launch(k, plan.smem, plan.cluster);
@@ -560,12 +607,12 @@ PersistentPlan make_plan(int batch, int dim, bool backward) {
   static int active_cache[8][5][3][2];
   static bool cached[8][5][3][2];
   for (int nt = 1; nt <= 2; ++nt) {
-    const int smem = smem_for<Epi::kGates>(dim / 256, nt, backward);
+    const int smem = smem_for<Epi::kGates, kReadsPrevOf<Epi>>(dim / 256, nt, backward);
     int& active = active_cache[dev & 7][dim / 256][nt][backward];
     if (!cached[dev & 7][dim / 256][nt][backward]) {
       cached[dev & 7][dim / 256][nt][backward] = true;
       active = 0;
-      KernelPtr<Epi::kGates> k = pick<Epi>(dim / 256, nt, backward);
+      KernelPtr<Epi> k = pick<Epi>(dim / 256, nt, backward);
       cudaLaunchAttribute attr[1];
       cudaLaunchConfig_t cfg = cluster_launch_config(plan.cluster, 1, kThreads, smem, nullptr, attr);
       if (allow_cluster_launch(k, smem, plan.cluster) != cudaSuccess ||
@@ -592,8 +639,9 @@ PersistentPlan make_plan(int batch, int dim, bool backward) {
 
 template <class Epi>
 cudaError_t forward(const PersistentPlan& plan, const DenseForward& f, long long* trace) {
-  ArgsFor<Epi::kGates> a = {};
+  ArgsOf<Epi> a = {};
   set_forward<Epi::kGates>(a, f);
+  set_candidate<Epi>(a, f.v_all);
   a.dim = f.dim;
   a.xchg = static_cast<__nv_bfloat16*>(f.xchg);
   a.trace = trace;
@@ -602,8 +650,9 @@ cudaError_t forward(const PersistentPlan& plan, const DenseForward& f, long long
 
 template <class Epi>
 cudaError_t backward(const PersistentPlan& plan, const DenseBackward& g) {
-  ArgsFor<Epi::kGates> a = {};
+  ArgsOf<Epi> a = {};
   set_backward<Epi::kGates>(a, g);
+  set_candidate<Epi>(a, g.v_all);
   a.dim = g.dim;
   a.xchg = static_cast<__nv_bfloat16*>(g.xchg);
   return launch<Epi>(plan, g.dim, true, g.stream, a);

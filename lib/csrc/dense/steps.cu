@@ -28,6 +28,11 @@ int dense_epilogue_gates(int id) {
     if (Table::kAll[i].id == id) return Table::kAll[i].gates;
   return -1;
 }
+bool dense_epilogue_reads_prev(int id) {
+  bool reads = false;
+  with_epilogue<false, DenseEpilogues>(id, [&](auto e) { reads = kReadsPrevOf<decltype(e)>; });
+  return reads;
+}
 
 template <typename T>
 cudaError_t dense_step_forward(cudaStream_t stream, int epilogue, int n, int dim, int splits,
@@ -35,7 +40,8 @@ cudaError_t dense_step_forward(cudaStream_t stream, int epilogue, int n, int dim
                                T* h, T* out) {
   cudaError_t err = cudaErrorInvalidValue;
   with_epilogue<false, DenseEpilogues>(epilogue, [&](auto e) {
-    err = steps_design::forward<T, decltype(e)>(stream, n, dim, splits, acc, wx, gates, b, h, out);
+    if constexpr (!kReadsPrevOf<decltype(e)>)  // those run on the persistent path only
+      err = steps_design::forward<T, decltype(e)>(stream, n, dim, splits, acc, wx, gates, b, h, out);
   });
   return err;
 }
@@ -46,8 +52,9 @@ cudaError_t dense_step_backward(cudaStream_t stream, int epilogue, int n, int sp
                                 StepGates<T> gates, T* dv, StepGateGrads<T> d_gates) {
   cudaError_t err = cudaErrorInvalidValue;
   with_epilogue<false, DenseEpilogues>(epilogue, [&](auto e) {
-    err = steps_design::backward<T, decltype(e)>(stream, n, splits, acc32, accT, d_out, h, gates,
-                                                 dv, d_gates);
+    if constexpr (!kReadsPrevOf<decltype(e)>)
+      err = steps_design::backward<T, decltype(e)>(stream, n, splits, acc32, accT, d_out, h, gates,
+                                                   dv, d_gates);
   });
   return err;
 }

@@ -14,9 +14,11 @@ U_beta orthogonal; b = 0, b_beta = 0, b_alpha = 2 (sigmoid(2) = 0.88: keep the s
 default; 63d: 0). No spectral normalisation (the specification lists no radius for E63).
 
 The CUDA cell is the dense family's nonlinear-delta op (families/dense/delta.py): the input
-side [W_x; W_alpha; (W_beta)] x + biases is one GEMM for all steps, the recurrence one GEMM
-per step with [W_h; (U_alpha; U_beta)] and one fused elementwise kernel, on the graph and
-steps paths (no persistent kernel).
+side [W_x; W_alpha; (W_beta)] x + biases is one GEMM for all steps; the recurrence runs on the
+dense family's persistent kernels for 63a, 63b, 63d in bf16 (W_h in registers; D = 256..1024
+in one cluster, D = 2048 on the grid design, B <= 64) and otherwise per step: one GEMM with
+[W_h; (U_alpha; U_beta)] and one fused elementwise kernel (graph and steps paths; every size,
+fp32 and bf16). 63c has no persistent path (delta.NO_PERSISTENT_63C says why).
 """
 from __future__ import annotations
 
@@ -83,7 +85,7 @@ def delta_cell(mode, x, w_x, w_h, b, w_a, b_a, w_b=None, b_b=None, u_a=None, u_b
     if backend == "reference":
         return delta_reference(mode, x, w_x, w_h, b, w_a, b_a, w_b, b_b, u_a, u_b, h0)
     delta.check_mode(mode)
-    delta.check_path(path)
+    delta.check_path(path, mode)
     three = delta.CHANNELS[mode] == 3
     named = {"x": x, "W_x": w_x, "W_h": w_h, "b": b, "W_alpha": w_a, "b_alpha": b_a, "h0": h0}
     named.update({"W_beta": w_b, "b_beta": b_b} if three else {})
@@ -207,12 +209,12 @@ def layer_params(dim: int, expansion: float = 1.0, mode: str = "a") -> int:
     return 2 * dim * D + (3 + three + 2 * (mode == "c")) * D * D + (2 + three) * D
 
 
-def _parity(reference, cell):
+def _parity(reference, cell, mode):
     def cases(shape, dtype, device, generator):
         kw = inputs.reference_inputs(reference, shape, device, generator)
         return [ParityCase(kw, lambda p=p, **a: cell(**a, backend="cuda", path=p), reference,
                                   ("out", "h_T"), "cuda:" + p)
-                for p in delta.paths(shape.B, shape.D, dtype)]
+                for p in delta.paths(mode, shape.B, shape.D, dtype)]
     return cases
 
 
@@ -227,9 +229,9 @@ TOLERANCE_63D = {"float32": Tolerance(1e-5, 1e-5), "bfloat16": Tolerance(2e-2, 8
 
 ENTRIES = tuple(
     inputs.entry(name=name, aliases=aliases, layer=layer, reference=ref, cell=fn, epilogue=None,
-                 title=f"{_TITLE} ({note})", chapter=_CHAPTER, cuda_op="elman_dense.delta_forward/backward",
+                 title=f"{_TITLE} ({note})", chapter=_CHAPTER, cuda_op="elman_dense.forward/backward (delta_* epilogues) or delta_forward/backward",
                  layer_params=lambda dim, expansion=1.0, m=mode: layer_params(dim, expansion, m),
-                 parity=_parity(ref, fn), **({"tolerance": TOLERANCE_63D} if mode == "d" else {}))
+                 parity=_parity(ref, fn, mode), **({"tolerance": TOLERANCE_63D} if mode == "d" else {}))
     for name, aliases, layer, ref, fn, mode, note in (
         ("E63", ("63", "63a", "E63a"), E63, reference, cell, "a", "complementary gates"),
         ("E63b", ("63b",), E63b, reference_b, cell_b, "b", "independent write gate"),
