@@ -43,8 +43,8 @@ Call check_call(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                 "), got " + num(step));
   if (K < 1) value_error("the checkpoint interval K must be at least 1, got " + num(K));
   if (!elman::matrix_group_ok(int(group), int(vd)))
-    value_error("group (threads per value column) must be 0 (default), 4, or 8 with 8 v <= " +
-                num(elman::kMatrixThreads) + "; got " + num(group) + " at v=" + num(vd));
+    value_error("group must be 0 (the tiled kernels where they fit) or " + num(elman::kMatrixGroup) +
+                " (threads per value column), got " + num(group));
   if (T * B * H * std::max(n, vd) >= (int64_t(1) << 31))
     value_error("T * B * H * max(n, v) must be below 2^31, got " + num(T * B * H * std::max(n, vd)));
   const elman::check::Tensors f32{k.device(), at::kFloat};
@@ -88,8 +88,9 @@ void backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
               const c10::optional<at::Tensor>& beta, const at::Tensor& ckpt, const at::Tensor& d_o,
               const at::Tensor& d_ST, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv,
               at::Tensor& d_decay, const c10::optional<at::Tensor>& d_beta, at::Tensor& dh0,
-              int64_t step, int64_t K, int64_t group) {
+              int64_t step, int64_t K, int64_t group, int64_t slots) {
   const Call c = check_call(q, k, v, decay, beta, step, K, group);
+  if (slots < 0) value_error("slots must be 0 (automatic) or positive, got " + num(slots));
   c.f32(ckpt, "ckpt", {(c.T + K - 1) / K, c.B, c.H, c.n, c.v});
   c.same(d_o, "d_o", {c.T, c.B, c.H, c.v});
   c.f32(d_ST, "d_S_T", {c.B, c.H, c.n, c.v});
@@ -103,9 +104,11 @@ void backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
   if (d_beta) c.f32(*d_beta, "d_beta", {c.T, c.B, c.H});
   c.f32(dh0, "dh0", {c.B, c.H, c.n, c.v});
   const c10::cuda::CUDAGuard guard(k.device());
-  const int64_t slots = std::min(K, c.T) + 1;
-  const at::Tensor scratch = at::empty({c.B * c.H, slots, c.n, c.v}, ckpt.options());
   elman::MatrixArgs a = args_of(c, q, k, v, decay, beta, step, K, group);
+  a.slots = int(std::min<int64_t>(slots, K));
+  // The column-group kernels replay each chunk into a global scratch; the tiled ones keep it on chip.
+  const int64_t steps = elman::matrix_tiled(a, true) ? 0 : std::min(K, c.T) + 1;
+  const at::Tensor scratch = at::empty({c.B * c.H, steps, c.n, c.v}, ckpt.options());
   a.ckpt = ckpt.data_ptr<float>(), a.d_o = d_o.data_ptr(), a.d_ST = d_ST.data_ptr<float>();
   a.scratch = scratch.data_ptr<float>(), a.dq = dq.data_ptr(), a.dk = dk.data_ptr();
   a.dv = dv.data_ptr(), a.d_decay = d_decay.data_ptr<float>(), a.dh0 = dh0.data_ptr<float>();
@@ -135,6 +138,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("decay"), py::arg("beta"),
         py::arg("ckpt"), py::arg("d_o"), py::arg("d_S_T"), py::arg("dq"), py::arg("dk"),
         py::arg("dv"), py::arg("d_decay"), py::arg("d_beta"), py::arg("dh0"), py::arg("step"),
-        py::arg("K"), py::arg("group") = 0);
+        py::arg("K"), py::arg("group") = 0, py::arg("slots") = 0);
   elman::register_gated(m);
 }

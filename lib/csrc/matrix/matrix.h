@@ -15,7 +15,8 @@ namespace elman {
 struct MatrixArgs {
   int T = 0, B = 0, H = 0, n = 0, v = 0, K = 16;
   int step = 0;          // index into the step table (steps.cuh)
-  int group = 0;         // threads per value column: 4, 8, or 0 for matrix_group(v)
+  int group = 0;         // 0: the tiled kernels where they fit, else 4 threads a column; 4: those
+  int slots = 0;         // backward: states kept on chip per sub-chunk (0: the most that fit)
   bool column = false;
   bool bf16 = false;
   const void* q = nullptr;
@@ -39,14 +40,18 @@ struct MatrixArgs {
   cudaStream_t stream = nullptr;
 };
 
-// Threads per value column G (each owns n / G rows of it): 4 or 8, with G v <= kMatrixThreads so
-// that each thread may hold 128 registers. The default is 8 up to v = 64, 4 beyond; a caller may
-// ask for the other where it fits (the benchmark times both).
+// Two kernel layouts (recurrence.cuh): the tiled kernels (a warp owns whole state columns; n, v
+// <= 64 and the staged chunk within shared memory), and the column-group kernels (4 threads a
+// value column, n / 4 rows each; every supported size). group = 0 takes the tiled kernels where
+// they fit, group = 4 forces the column-group kernels (the tests and the benchmark compare both).
 constexpr int kMatrixThreads = 512;
+constexpr int kMatrixGroup = 4;
+// Threads per value column of the gated kernels (gated.cu): 8 up to v = 64, else 4.
 constexpr int matrix_group(int v) { return v <= 64 ? 8 : 4; }
-constexpr bool matrix_group_ok(int group, int v) {
-  return group == 0 || group == 4 || (group == 8 && 8 * v <= kMatrixThreads);
-}
+constexpr bool matrix_group_ok(int group, int v) { return group == 0 || group == kMatrixGroup; }
+// Whether the tiled kernels run this call (forward or backward), and the backward's slots.
+bool matrix_tiled(const MatrixArgs& a, bool backward);
+int matrix_slots(const MatrixArgs& a);
 
 int matrix_step_count();
 const char* matrix_step_name(int step);

@@ -1,6 +1,8 @@
-// Launchers of the matrix family's recurrence (recurrence.cuh): dispatch on the threads per
-// column G (the caller's, or matrix_group(v)), the rows per thread R = n / G, the compute dtype
-// and the step functor of steps.cuh.
+// Launchers of the matrix family's recurrence (recurrence.cuh): the tiled kernels where they fit
+// (dispatch on the lane tile: row groups A, rows NR and columns NC a lane), else the column-group
+// kernels (dispatch on the rows per thread R = n / 4); then on the compute dtype and the step
+// functor of steps.cuh. Both layouts write and read the same checkpoints, so the forward and the
+// backward choose independently.
 #include <cuda_bf16.h>
 
 #include "matrix/matrix.h"
@@ -18,47 +20,111 @@ bool in_sizes(int x) {
   return false;
 }
 
-template <int R, int G, typename T, class Step>
+// Shared memory the tiled kernels may take per CTA: the forward's staged chunks must fit the
+// opt-in limit; the backward's automatic slots keep four CTAs an SM (a quarter of 228 KB).
+constexpr int kSharedLimit = 227 * 1024;
+constexpr int kBackwardBudget = 56 * 1024;
+
+struct Tile {
+  int A, NR, NC;
+  int Bc() const { return 32 / A; }
+  int warps(int v) const { return v / (Bc() * NC); }
+};
+
+// Row groups A = 4 up to n = 32, else 8; the widest column block NC of {4, 2, 1} with at most
+// `cells` state elements a lane (32 forward; 16 backward, which holds S_t and dS) that divides v.
+Tile tile_of(int n, int v, bool backward) {
+  const int A = n <= 32 ? 4 : 8, NR = n / A, cells = backward ? 16 : 32;
+  for (const int NC : {4, 2, 1})
+    if (NR * NC <= cells && v % ((32 / A) * NC) == 0) return {A, NR, NC};
+  return {A, NR, 1};
+}
+
+int tsize(const MatrixArgs& a) { return a.bf16 ? 2 : 4; }
+
+int forward_bytes(const MatrixArgs& a) {
+  return 2 * matrix::tiled::stage_layout(a.K, a.n, a.v, a.column, tsize(a), false).bytes;
+}
+
+int backward_bytes(const MatrixArgs& a, int slots) {
+  const Tile t = tile_of(a.n, a.v, true);
+  return matrix::tiled::backward_bytes(a.K, a.n, a.v, a.column, tsize(a), slots, t.A,
+                                       t.warps(a.v) * t.Bc());
+}
+
+template <typename Kernel>
+cudaError_t launch_kernel(Kernel kernel, const MatrixArgs& a, int threads, int smem) {
+  if (smem > 48 * 1024) {
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return e;
+  }
+  kernel<<<unsigned(a.B) * unsigned(a.H), unsigned(threads), smem, a.stream>>>(a);
+  return cudaGetLastError();
+}
+
+template <typename T, class Step>
+cudaError_t tiled_forward(const MatrixArgs& a) {
+  const Tile t = tile_of(a.n, a.v, false);
+  const int threads = 32 * t.warps(a.v), smem = forward_bytes(a);
+#define ELMAN_TILE(A_, NR_, NC_)                                                                    \
+  if (t.A == A_ && t.NR == NR_ && t.NC == NC_)                                                      \
+    return launch_kernel(matrix::tiled::forward_kernel<A_, NR_, NC_, T, Step>, a, threads, smem);
+  ELMAN_TILE(4, 2, 1) ELMAN_TILE(4, 2, 2) ELMAN_TILE(4, 2, 4)
+  ELMAN_TILE(4, 4, 1) ELMAN_TILE(4, 4, 2) ELMAN_TILE(4, 4, 4)
+  ELMAN_TILE(4, 6, 1) ELMAN_TILE(4, 6, 2) ELMAN_TILE(4, 6, 4)
+  ELMAN_TILE(4, 8, 1) ELMAN_TILE(4, 8, 2) ELMAN_TILE(4, 8, 4)
+  ELMAN_TILE(8, 6, 2) ELMAN_TILE(8, 6, 4) ELMAN_TILE(8, 8, 2) ELMAN_TILE(8, 8, 4)
+#undef ELMAN_TILE
+  return cudaErrorInvalidValue;
+}
+
+template <typename T, class Step>
+cudaError_t tiled_backward(const MatrixArgs& args) {
+  MatrixArgs a = args;
+  a.slots = matrix_slots(args);
+  const Tile t = tile_of(a.n, a.v, true);
+  const int threads = 32 * t.warps(a.v), smem = backward_bytes(a, a.slots);
+#define ELMAN_TILE(A_, NR_, NC_)                                                                    \
+  if (t.A == A_ && t.NR == NR_ && t.NC == NC_)                                                      \
+    return launch_kernel(matrix::tiled::backward_kernel<A_, NR_, NC_, T, Step>, a, threads, smem);
+  ELMAN_TILE(4, 2, 1) ELMAN_TILE(4, 2, 2) ELMAN_TILE(4, 2, 4)
+  ELMAN_TILE(4, 4, 1) ELMAN_TILE(4, 4, 2) ELMAN_TILE(4, 4, 4)
+  ELMAN_TILE(4, 6, 1) ELMAN_TILE(4, 6, 2) ELMAN_TILE(4, 8, 1) ELMAN_TILE(4, 8, 2)
+  ELMAN_TILE(8, 6, 2) ELMAN_TILE(8, 8, 2)
+#undef ELMAN_TILE
+  return cudaErrorInvalidValue;
+}
+
+template <int R, typename T, class Step>
 cudaError_t launch(const MatrixArgs& a, bool backward) {
-  const dim3 grid(unsigned(a.B) * unsigned(a.H)), block(unsigned(a.v) * G);
+  constexpr int G = kMatrixGroup;
+  const int threads = a.v * G;
   if (backward) {
-    const int smem = matrix::backward_shared_bytes<R>(int(block.x));
+    const int smem = matrix::backward_shared_bytes<R>(threads);
     if (smem > 0) {  // static + dynamic may exceed the 48 KB default
       const cudaError_t e = cudaFuncSetAttribute(matrix::backward_kernel<R, G, T, Step>,
                                                  cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       if (e != cudaSuccess) return e;
     }
-    matrix::backward_kernel<R, G, T, Step><<<grid, block, smem, a.stream>>>(a);
+    matrix::backward_kernel<R, G, T, Step><<<unsigned(a.B) * unsigned(a.H), threads, smem, a.stream>>>(a);
   } else {
-    matrix::forward_kernel<R, G, T, Step><<<grid, block, 0, a.stream>>>(a);
+    matrix::forward_kernel<R, G, T, Step><<<unsigned(a.B) * unsigned(a.H), threads, 0, a.stream>>>(a);
   }
   return cudaGetLastError();
 }
 
 template <typename T, class Step>
 cudaError_t by_rows(const MatrixArgs& a, bool backward) {
-  if ((a.group ? a.group : matrix_group(a.v)) == 8) {
-    switch (a.n / 8) {
-      case 1: return launch<1, 8, T, Step>(a, backward);
-      case 2: return launch<2, 8, T, Step>(a, backward);
-      case 3: return launch<3, 8, T, Step>(a, backward);
-      case 4: return launch<4, 8, T, Step>(a, backward);
-      case 6: return launch<6, 8, T, Step>(a, backward);
-      case 8: return launch<8, 8, T, Step>(a, backward);
-      case 12: return launch<12, 8, T, Step>(a, backward);
-      case 16: return launch<16, 8, T, Step>(a, backward);
-      default: return cudaErrorInvalidValue;
-    }
-  }
-  switch (a.n / 4) {
-    case 2: return launch<2, 4, T, Step>(a, backward);
-    case 4: return launch<4, 4, T, Step>(a, backward);
-    case 6: return launch<6, 4, T, Step>(a, backward);
-    case 8: return launch<8, 4, T, Step>(a, backward);
-    case 12: return launch<12, 4, T, Step>(a, backward);
-    case 16: return launch<16, 4, T, Step>(a, backward);
-    case 24: return launch<24, 4, T, Step>(a, backward);
-    case 32: return launch<32, 4, T, Step>(a, backward);
+  if (matrix_tiled(a, backward)) return backward ? tiled_backward<T, Step>(a) : tiled_forward<T, Step>(a);
+  switch (a.n / kMatrixGroup) {
+    case 2: return launch<2, T, Step>(a, backward);
+    case 4: return launch<4, T, Step>(a, backward);
+    case 6: return launch<6, T, Step>(a, backward);
+    case 8: return launch<8, T, Step>(a, backward);
+    case 12: return launch<12, T, Step>(a, backward);
+    case 16: return launch<16, T, Step>(a, backward);
+    case 24: return launch<24, T, Step>(a, backward);
+    case 32: return launch<32, T, Step>(a, backward);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -104,6 +170,23 @@ bool matrix_supported(int n, int v, const char** why) {
     return false;
   }
   return true;
+}
+
+bool matrix_tiled(const MatrixArgs& a, bool backward) {
+  if (a.group != 0 || a.n > 64 || a.v > 64) return false;
+  return backward ? backward_bytes(a, 1) <= kSharedLimit : forward_bytes(a) <= kSharedLimit;
+}
+
+int matrix_slots(const MatrixArgs& a) {
+  const int most = a.K < a.T ? a.K : a.T;
+  if (a.slots > 0) {
+    int s = a.slots < most ? a.slots : most;
+    while (s > 1 && backward_bytes(a, s) > kSharedLimit) --s;
+    return s;
+  }
+  int s = most;
+  while (s > 1 && backward_bytes(a, s) > kBackwardBudget) --s;
+  return s;
 }
 
 cudaError_t matrix_forward(const MatrixArgs& a) { return run(a, false); }

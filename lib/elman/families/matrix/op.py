@@ -9,11 +9,13 @@ backward (q, k, v, decay, beta | None, ckpt, d_o, d_S_T, step, K) -> (dq, dk, dv
 q, k [T, B, H, n] and v [T, B, H, v] are float32 or bfloat16 (o and dq, dk, dv take their
 dtype); decay ([T, B, H] or [T, B, H, v]), beta [T, B, H], h0 [B, H, n, v], S_T and the
 checkpoints are float32 (`recurrence` casts them, so the decay is never rounded to bf16). One
-CTA per (batch, head) keeps the head's state in registers, G threads per value column (8 up to
-v = 64, else 4), each owning n / G rows; each step's inputs are loaded one step ahead; the
-forward stores the state every K steps; the backward walks the chunks in reverse, recomputes
-each chunk's states from its checkpoint into a per-CTA scratch and backpropagates step by step
-(`schedule.py` is the same schedule in PyTorch). With bf16 tensors the tanh step runs the
+CTA per (batch, head) keeps the head's state in registers. Up to n, v = 64 (group 0) the tiled
+kernels run: a warp owns whole state columns (a lane a block of rows x columns), each chunk's
+inputs are staged in shared memory one chunk ahead, the backward recomputes up to `slots` states
+of a chunk into shared memory and walks them back with S_t and dS in registers. Beyond, or with
+group = 4, 4 threads a value column each own n / 4 rows and the backward replays each chunk into
+a global scratch. Both store the state every K steps and read the same checkpoints
+(`schedule.py` is the schedule in PyTorch, sub-chunks of `slots` included). With bf16 tensors the tanh step runs the
 hardware's tanh.approx (relative error 2^-11, far inside the bf16 tolerance; the backward
 differentiates the states it recomputes the same way), with fp32 tensors tanhf. Every input goes
 through elman.core.validate before the extension is loaded.
@@ -30,13 +32,18 @@ CHECKPOINT = 16                                   # K: steps between stored stat
 SIZES = (8, 16, 24, 32, 48, 64, 96, 128)          # n and v the kernels take (every pair)
 DTYPES = (torch.float32, torch.bfloat16)
 STATE_DTYPES = (torch.float32, torch.bfloat16, torch.float64)
-GROUPS = (0, 4, 8)  # threads per value column; 0: the kernels' default (8 up to v = 64, else 4)
-MAX_THREADS = 512
+GROUPS = (0, 4)  # 0: the tiled kernels where they fit (n, v <= 64); 4: threads a value column
+TILED_MAX = 64
 
 
 def groups(v: int) -> tuple[int, ...]:
-    """The thread-per-column counts the kernels take at this v (0 = default first)."""
-    return tuple(g for g in GROUPS if g == 0 or g * v <= MAX_THREADS)
+    """The kernel layouts the op takes at this v (0 = default first)."""
+    return GROUPS
+
+
+def tiled(n: int, v: int, group: int = 0) -> bool:
+    """Whether group `group` runs the tiled kernels at this (n, v)."""
+    return group == 0 and n <= TILED_MAX and v <= TILED_MAX
 
 
 def supported(n: int, v: int) -> bool:
@@ -65,7 +72,8 @@ def validate_call(q, k, v, decay, beta, h0, step: str, K: int, group: int = 0) -
         raise ValueError(f"the matrix kernels take n and v in {SIZES}, got n={n}, v={vd}; "
                          "use backend='reference' for other sizes")
     if group not in groups(vd):
-        raise ValueError(f"group (threads per value column) must be one of {groups(vd)} at v={vd}, got {group!r}")
+        raise ValueError(f"group must be one of {groups(vd)} (0: tiled kernels where they fit, 4: threads "
+                         f"a value column), got {group!r}")
     validate.size_limit("T * B * H * v", T * B * H * vd)
     validate.dtypes({"q": q, "k": k, "v": v}, DTYPES)
     validate.dtypes({"decay": decay}, STATE_DTYPES)
@@ -92,13 +100,15 @@ def forward(q, k, v, decay, beta, h0, step: str, K: int, group: int = 0):
     return o, S_T, ckpt
 
 
-def backward(q, k, v, decay, beta, ckpt, d_o, d_ST, step: str, K: int, group: int = 0):
-    """The raw backward: (dq, dk, dv, d_decay, d_beta or None, dh0)."""
+def backward(q, k, v, decay, beta, ckpt, d_o, d_ST, step: str, K: int, group: int = 0, slots: int = 0):
+    """The raw backward: (dq, dk, dv, d_decay, d_beta or None, dh0). `slots`: states the tiled
+    backward keeps in shared memory per sub-chunk (0: the most within its budget; fewer than K
+    recomputes the chunk's head once more per sub-chunk)."""
     dq, dk, dv = ops.empty(q.shape, q), ops.empty(k.shape, k), ops.empty(v.shape, v)
     dd, dh0 = ops.empty(decay.shape, decay), ops.empty(d_ST.shape, d_ST)
     db = None if beta is None else ops.empty(beta.shape, beta)
     _ext().backward(q, k, v, decay, beta, ckpt, d_o, d_ST, dq, dk, dv, dd, db, dh0,
-                    STEPS.index(step), K, group)
+                    STEPS.index(step), K, group, slots)
     return dq, dk, dv, dd, db, dh0
 
 

@@ -4,7 +4,10 @@ gradient of every step. It mirrors lib/csrc/matrix/recurrence.cuh step for step 
 batch and heads), so the CPU tests check the kernels' schedule and backward math against
 autograd of `reference.recurrence` before a GPU sees them.
 
-Checkpoint c holds the state before step c*K (checkpoint 0 = h0); there are ceil(T / K).
+Checkpoint c holds the state before step c*K (checkpoint 0 = h0); there are ceil(T / K). The
+backward walks each chunk in sub-chunks of `slots` steps from its end (the states the tiled
+kernels keep in shared memory): for sub-chunk [s0, s1) it recomputes from the chunk's
+checkpoint up to step s1, keeping S_{t-1} for t >= s0, then walks back from S_{s1}.
 Backward of one step, given dS (the gradient of S_t from later steps and the final state) and
 do_t:
     dS += q do^T;  dq = S_t do
@@ -56,34 +59,47 @@ def forward(q, k, v, decay, beta, h0, step: str = "tanh", K: int = 16):
     return torch.stack(outs), S, torch.stack(ckpt)
 
 
-def backward(q, k, v, decay, beta, ckpt, d_o, d_ST, step: str = "tanh", K: int = 16):
-    """(dq, dk, dv, d_decay, d_beta or None, dh0) from the checkpoints alone."""
+def backward(q, k, v, decay, beta, ckpt, d_o, d_ST, step: str = "tanh", K: int = 16, slots: int = 0):
+    """(dq, dk, dv, d_decay, d_beta or None, dh0) from the checkpoints alone; slots = 0 keeps
+    the whole chunk."""
     T, B, H, n = k.shape
     column = decay_of(decay, H, v.shape[-1]) == "column"
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     dd = torch.zeros_like(decay)
     db = None if beta is None else torch.zeros_like(beta)
     dS = d_ST.clone()
+    slots = K if slots <= 0 else min(slots, K)
     for c in reversed(range(checkpoints(T, K))):
         start, end = c * K, min(T, (c + 1) * K)
-        states = [ckpt[c]]                                   # S_{start-1+s} for s = 0..end-start
-        for t in range(start, end):
-            S, _ = _step(states[-1], k[t], v[t], _decay(decay, t, column),
-                         None if beta is None else beta[t], step)
-            states.append(S)
-        for t in reversed(range(start, end)):
-            S_new, S_old = states[t - start + 1], states[t - start]
-            kt, qt, do = k[t], q[t], d_o[t]
-            b = 1.0 if beta is None else beta[t][:, :, None]
-            dS = dS + qt[..., :, None] * do[..., None, :]
-            dq[t] = torch.einsum("bhij,bhj->bhi", S_new, do)
-            dP = dS * (1 - S_new * S_new) if step == "tanh" else dS
-            dd[t] = (dP * S_old).sum(2) if column else (dP * S_old).sum((2, 3))
-            delta = v[t] - torch.einsum("bhij,bhi->bhj", S_old, kt)
-            if beta is not None:
-                db[t] = torch.einsum("bhij,bhi,bhj->bh", dP, kt, delta)
-            ddelta = b * torch.einsum("bhij,bhi->bhj", dP, kt)
-            dv[t] = ddelta
-            dk[t] = b * torch.einsum("bhij,bhj->bhi", dP, delta) - torch.einsum("bhij,bhj->bhi", S_old, ddelta)
-            dS = _decay(decay, t, column) * dP - kt[..., :, None] * ddelta[..., None, :]
+        for s1 in range(end, start, -slots):
+            s0 = max(start, s1 - slots)
+            S = ckpt[c]
+            for t in range(start, s0):                       # the sub-chunk's head, not kept
+                S, _ = _step(S, k[t], v[t], _decay(decay, t, column), None if beta is None else beta[t], step)
+            states = [S]                                     # S_{s0-1+s} for s = 0..s1-s0
+            for t in range(s0, s1):
+                S, _ = _step(states[-1], k[t], v[t], _decay(decay, t, column),
+                             None if beta is None else beta[t], step)
+                states.append(S)
+            dS = _walk_back(states, s0, s1, q, k, v, decay, beta, d_o, dS, step, column, dq, dk, dv, dd, db)
     return dq, dk, dv, dd, db, dS
+
+
+def _walk_back(states, start, end, q, k, v, decay, beta, d_o, dS, step, column, dq, dk, dv, dd, db):
+    """Backpropagate steps end-1 .. start (states[s] = S_{start-1+s}); returns dS before start."""
+    for t in reversed(range(start, end)):
+        S_new, S_old = states[t - start + 1], states[t - start]
+        kt, qt, do = k[t], q[t], d_o[t]
+        b = 1.0 if beta is None else beta[t][:, :, None]
+        dS = dS + qt[..., :, None] * do[..., None, :]
+        dq[t] = torch.einsum("bhij,bhj->bhi", S_new, do)
+        dP = dS * (1 - S_new * S_new) if step == "tanh" else dS
+        dd[t] = (dP * S_old).sum(2) if column else (dP * S_old).sum((2, 3))
+        delta = v[t] - torch.einsum("bhij,bhi->bhj", S_old, kt)
+        if beta is not None:
+            db[t] = torch.einsum("bhij,bhi,bhj->bh", dP, kt, delta)
+        ddelta = b * torch.einsum("bhij,bhi->bhj", dP, kt)
+        dv[t] = ddelta
+        dk[t] = b * torch.einsum("bhij,bhj->bhi", dP, delta) - torch.einsum("bhij,bhj->bhi", S_old, ddelta)
+        dS = _decay(decay, t, column) * dP - kt[..., :, None] * ddelta[..., None, :]
+    return dS
