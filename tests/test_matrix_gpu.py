@@ -129,3 +129,22 @@ def test_layer_under_bf16_autocast_matches_the_fp32_reference(level):
     layer.backend = "reference"
     ref_out, ref_S = layer(y)
     assert rel_error(out.float(), ref_out) < 3e-2 and rel_error(S, ref_S) < 3e-2
+
+
+@pytest.mark.parametrize("column,beta", [(False, True), (True, False)])
+@pytest.mark.parametrize("n,v,K,slots", [(32, 32, 16, 0), (32, 32, 16, 5), (16, 64, 8, 3), (64, 64, 16, 0),
+                                         (24, 48, 4, 0), (8, 8, 16, 1), (32, 32, 16, 16)])
+@pytest.mark.parametrize("group", op.GROUPS)
+def test_backward_matches_the_schedule_fp32(column, beta, n, v, K, slots, group):
+    kw = {k: None if t is None else t.detach().float() for k, t in _inputs(37, 2, 3, n, v, column, beta).items()}
+    o, S_T, ckpt = op.forward(kw["q"], kw["k"], kw["v"], kw["decay"], kw["beta"], kw["h0"], "tanh", K, group)
+    g = torch.Generator(device="cuda").manual_seed(5)
+    d_o, d_S = torch.randn(o.shape, device="cuda", generator=g), torch.randn(S_T.shape, device="cuda", generator=g)
+    got = op.backward(kw["q"], kw["k"], kw["v"], kw["decay"], kw["beta"], ckpt, d_o, d_S, "tanh", K, group, slots)
+    d64 = {k: None if t is None else t.double() for k, t in kw.items()}
+    _, _, ckpt64 = schedule.forward(**d64, step="tanh", K=K)
+    want = schedule.backward(d64["q"], d64["k"], d64["v"], d64["decay"], d64["beta"], ckpt64, d_o.double(),
+                             d_S.double(), "tanh", K, slots)
+    for name, a, b in zip(("dq", "dk", "dv", "d_decay", "d_beta", "dh0"), got, want):
+        if b is not None:
+            torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4, msg=lambda m: f"{name}: {m}")

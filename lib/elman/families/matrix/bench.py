@@ -32,9 +32,12 @@ def last_impl() -> str:
     return "cuda:matrix"
 
 
-def impl_name(group: int, v: int) -> str:
-    """'cuda:matrix:G<threads per column>' (the default resolved)."""
-    return f"cuda:matrix:G{group or (8 if 8 * v <= op.MAX_THREADS else 4)}"
+def impl_name(group: int, n: int, v: int, slots: int = 0) -> str:
+    """'cuda:matrix:tiled' (with ':slots<s>' where the backward's slots were set) or
+    'cuda:matrix:G4' (four threads a value column), the default resolved."""
+    if op.tiled(n, v, group):
+        return "cuda:matrix:tiled" + (f":slots{slots}" if slots else "")
+    return "cuda:matrix:G4"
 
 
 def geometry(entry: Entry, D: int) -> tuple[int, int, int, str]:
@@ -85,14 +88,15 @@ def cell_records(entry: Entry, B: int, D: int, T: int = T_DEFAULT, reps: int = 3
     n_sets = 2 if quick else rotation(moved["bwd_bytes"])
     sets = _sets(T, B, H, n, v, decay, n_sets, torch.bfloat16)
     out = []
-    for group in [g for g in op.groups(v) if g]:   # every thread layout the kernels take here
-        out.append(_time(entry, sets, T, B, D, H, n, v, K, group, reps, moved))
+    layouts = [(0, 0)] + ([(0, K)] if op.tiled(n, v) else []) + [(4, 0)]
+    for group, slots in layouts:   # every kernel layout the op takes here; tiled with K slots too
+        out.append(_time(entry, sets, T, B, D, H, n, v, K, group, slots, reps, moved))
     del sets
     torch.cuda.empty_cache()
     return out
 
 
-def _time(entry, sets, T, B, D, H, n, v, K, group, reps, moved) -> dict:
+def _time(entry, sets, T, B, D, H, n, v, K, group, slots, reps, moved) -> dict:
     step, n_sets = "tanh", len(sets)
     ckpts = [op.forward(s["q"], s["k"], s["v"], s["decay"], None, s["h0"], step, K, group)[2] for s in sets]
 
@@ -102,12 +106,13 @@ def _time(entry, sets, T, B, D, H, n, v, K, group, reps, moved) -> dict:
 
     def bwd(i):
         s = sets[i]
-        op.backward(s["q"], s["k"], s["v"], s["decay"], None, ckpts[i], s["d_o"], s["d_ST"], step, K, group)
+        op.backward(s["q"], s["k"], s["v"], s["decay"], None, ckpts[i], s["d_o"], s["d_ST"], step, K, group,
+                    slots)
 
     def fwdbwd(i):
         s = sets[i]
         ck = op.forward(s["q"], s["k"], s["v"], s["decay"], None, s["h0"], step, K, group)[2]
-        op.backward(s["q"], s["k"], s["v"], s["decay"], None, ck, s["d_o"], s["d_ST"], step, K, group)
+        op.backward(s["q"], s["k"], s["v"], s["decay"], None, ck, s["d_o"], s["d_ST"], step, K, group, slots)
 
     tf, tb, tfb = timeit(fwd, reps, 3, n_sets), timeit(bwd, reps, 3, n_sets), timeit(fwdbwd, reps, 3, n_sets)
     del ckpts
@@ -117,9 +122,9 @@ def _time(entry, sets, T, B, D, H, n, v, K, group, reps, moved) -> dict:
     fwdbwd(0)
     torch.cuda.synchronize()
     peak = (torch.cuda.max_memory_allocated() - base) / 2**20
-    params = {"measure": "recurrence", **Shape(T, B, D, H, n, v).params(), "K": K, "group": group,
+    params = {"measure": "recurrence", **Shape(T, B, D, H, n, v).params(), "K": K, "group": group, "slots": slots,
               "dtype": "bfloat16"}
-    return records.make("bench", entry.name, impl_name(group, v), params,
+    return records.make("bench", entry.name, impl_name(group, n, v, slots), params,
                         {"fwd_ms": tf, "bwd_ms": tb, "fwdbwd_ms": tfb,
                          "bwd_over_fwd": tb["median"] / tf["median"],
                          "per_step_us": 1000 * tf["median"] / T, "peak_mem_mb": peak, **moved})
