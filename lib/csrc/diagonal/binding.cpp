@@ -2,6 +2,7 @@
 // any launch (common/check.h: device, dtype, exact shapes, contiguity, empty dimensions, the
 // step's input and parameter counts, sizes) and dispatches to the launchers of diagonal.h.
 // Alignment needs no check: the launcher takes narrower accesses for a misaligned view.
+// `vec` (0: the launcher's choice) forces the elements per thread, for timing the widths.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/extension.h>
@@ -49,8 +50,20 @@ void sizes(int64_t T, int64_t B, int64_t D) {
   if (T >= (int64_t(1) << 31)) value_error("T must be below 2^31, got " + num(T));
 }
 
+// A forced width must be 1, 2, 4 or 8 and the launch must be able to take it (it divides
+// B * D, fits in 16 bytes, suits every pointer's alignment): checked before any launch.
+template <class A>
+void check_vec(int64_t step, const A& a) {
+  if (a.vec == 0) return;
+  if (a.vec != 1 && a.vec != 2 && a.vec != 4 && a.vec != 8)
+    value_error("vec must be 0 (the launcher's choice), 1, 2, 4 or 8, got " + num(int64_t(a.vec)));
+  if (elman::diagonal_plan(int(step), a).vec == 0)
+    value_error("vec " + num(int64_t(a.vec)) + " does not suit this call: it must divide B * D = " +
+                num(int64_t(a.batch) * a.dim) + ", fit in 16 bytes and every pointer's alignment");
+}
+
 void forward(int64_t step, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& params,
-             const at::Tensor& h0, at::Tensor& out, at::Tensor& h_all) {
+             const at::Tensor& h0, at::Tensor& out, at::Tensor& h_all, int64_t vec) {
   const auto info = step_of(step);
   check_count("inputs", inputs.size(), info.inputs, info);
   check_count("params", params.size(), info.params, info);
@@ -72,12 +85,14 @@ void forward(int64_t step, const std::vector<at::Tensor>& inputs, const std::vec
   a.h0 = h0.data_ptr();
   a.out = out.data_ptr();
   a.h_all = h_all.data_ptr();
+  a.vec = int(vec);
+  check_vec(step, a);
   elman::check::cuda(elman::diagonal_forward(int(step), a), "diagonal scan forward");
 }
 
 void backward(int64_t step, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& params,
               const at::Tensor& h_all, const at::Tensor& d_out, const at::Tensor& d_hT,
-              std::vector<at::Tensor>& d_inputs, at::Tensor& dh0, at::Tensor& d_params) {
+              std::vector<at::Tensor>& d_inputs, at::Tensor& dh0, at::Tensor& d_params, int64_t vec) {
   const auto info = step_of(step);
   check_count("inputs", inputs.size(), info.inputs, info);
   check_count("params", params.size(), info.params, info);
@@ -109,6 +124,8 @@ void backward(int64_t step, const std::vector<at::Tensor>& inputs, const std::ve
   a.d_hT = d_hT.data_ptr();
   a.dh0 = dh0.data_ptr();
   a.d_params = info.params > 0 ? d_params.data_ptr<float>() : nullptr;
+  a.vec = int(vec);
+  check_vec(step, a);
   elman::check::cuda(elman::diagonal_backward(int(step), a), "diagonal scan backward");
 }
 
@@ -126,17 +143,19 @@ py::dict steps() {
 }
 
 // The launch a forward or backward of this step, dtype and size takes (fresh, aligned tensors).
-py::dict plan(int64_t step, int64_t B, int64_t D, bool bf16, bool backward) {
+py::dict plan(int64_t step, int64_t B, int64_t D, bool bf16, bool backward, int64_t vec) {
   const auto info = step_of(step);
   if (B < 1 || D < 1) value_error("B and D must be at least 1");
   elman::ScanPlan p;
   if (backward) {
     elman::DiagonalBackward a;
-    a.bf16 = bf16; a.steps = 1; a.batch = int(B); a.dim = int(D);
+    a.bf16 = bf16; a.steps = 1; a.batch = int(B); a.dim = int(D); a.vec = int(vec);
+    check_vec(step, a);
     p = elman::diagonal_plan(info.id, a);
   } else {
     elman::DiagonalForward a;
-    a.bf16 = bf16; a.steps = 1; a.batch = int(B); a.dim = int(D);
+    a.bf16 = bf16; a.steps = 1; a.batch = int(B); a.dim = int(D); a.vec = int(vec);
+    check_vec(step, a);
     p = elman::diagonal_plan(info.id, a);
   }
   py::dict d;
@@ -152,10 +171,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "elman diagonal-family kernels (lib/csrc/diagonal)";
   m.def("steps", &steps, "{name: {'id', 'inputs', 'params'}} of the step table");
   m.def("forward", &forward, "diagonal scan forward", py::arg("step"), py::arg("inputs"),
-        py::arg("params"), py::arg("h0"), py::arg("out"), py::arg("h_all"));
+        py::arg("params"), py::arg("h0"), py::arg("out"), py::arg("h_all"), py::arg("vec") = 0);
   m.def("backward", &backward, "diagonal scan backward", py::arg("step"), py::arg("inputs"),
         py::arg("params"), py::arg("h_all"), py::arg("d_out"), py::arg("d_hT"), py::arg("d_inputs"),
-        py::arg("dh0"), py::arg("d_params"));
+        py::arg("dh0"), py::arg("d_params"), py::arg("vec") = 0);
   m.def("plan", &plan, "{'vec', 'threads', 'blocks'} of a launch", py::arg("step"), py::arg("B"),
-        py::arg("D"), py::arg("bf16"), py::arg("backward"));
+        py::arg("D"), py::arg("bf16"), py::arg("backward"), py::arg("vec") = 0);
 }

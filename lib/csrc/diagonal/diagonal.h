@@ -4,8 +4,11 @@
 //   inputs[i], out, d_out, d_inputs[i] : [T, B, D]    h_all : [T + 1, B, D] (h_all[0] = h0)
 //   h0, d_hT, dh0 : [B, D]    params[j] : [D] fp32    d_params : [kParams, B, D] fp32
 // `step` is an id of the table in steps.cuh; it takes kInputs inputs and kParams params.
-// Every launcher returns a CUDA error code (cudaErrorInvalidValue for an unknown step, before
-// any launch) and checks the launch; the binding validates shapes, dtypes and sizes first.
+// Every launcher returns a CUDA error code (cudaErrorInvalidValue for an unknown step or a
+// width `vec` it cannot take, before any launch) and checks the launch; the binding validates
+// shapes, dtypes and sizes first. `vec` 0 lets the launcher choose the elements per thread;
+// 1, 2, 4 or 8 forces that width (it must divide B * D, fit in 16 bytes and suit every
+// pointer's alignment): for measuring the widths against each other.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -31,6 +34,7 @@ struct DiagonalForward {
   cudaStream_t stream = nullptr;
   bool bf16 = false;  // element type: __nv_bfloat16 or float
   int steps = 0, batch = 0, dim = 0;
+  int vec = 0;
   const void* inputs[kMaxInputs] = {};
   const float* params[kMaxParams] = {};
   const void* h0 = nullptr;
@@ -42,6 +46,7 @@ struct DiagonalBackward {
   cudaStream_t stream = nullptr;
   bool bf16 = false;
   int steps = 0, batch = 0, dim = 0;
+  int vec = 0;
   const void* inputs[kMaxInputs] = {};
   const float* params[kMaxParams] = {};
   const void* h_all = nullptr;
@@ -52,8 +57,8 @@ struct DiagonalBackward {
   float* d_params = nullptr;  // [kParams, B, D]: per-sequence partial sums over T
 };
 
-// The elements per thread (1, 2 or 4), threads per block and blocks of this call's launch
-// (vec 0: no step has this id).
+// The elements per thread (1, 2, 4 or 8: at most 16 bytes), threads per block and blocks of
+// this call's launch (vec 0: no step has this id, or the forced width is not allowed).
 struct ScanPlan {
   int vec;
   int threads;

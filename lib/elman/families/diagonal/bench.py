@@ -86,10 +86,11 @@ def _scan_sets(step: str, T: int, B: int, D: int, n: int, dtype=torch.bfloat16):
     return info, sets
 
 
-def _scan_fns(step: str, T: int, B: int, D: int, n: int):
+def _scan_fns(step: str, T: int, B: int, D: int, n: int, dtype=torch.bfloat16, vec: int = 0):
     """(fwd, bwd, fwdbwd, bytes fwd, bytes bwd) of the raw op on n rotated input sets; each
-    set keeps its own h_all, filled by one forward before the backward is timed."""
-    info, sets = _scan_sets(step, T, B, D, n)
+    set keeps its own h_all, filled by one forward before the backward is timed. `vec`: the
+    elements per thread (0: the launcher's choice; see op.plan)."""
+    info, sets = _scan_sets(step, T, B, D, n, dtype)
     like = sets[0]["inputs"][0]
     out = torch.empty_like(like)
     h_alls = [like.new_empty(T + 1, B, D) for _ in sets]
@@ -100,12 +101,12 @@ def _scan_fns(step: str, T: int, B: int, D: int, n: int):
 
     def fwd(i):
         s = sets[i]
-        op.forward_into(sid, s["inputs"], s["params"], s["h0"], out, h_alls[i])
+        op.forward_into(sid, s["inputs"], s["params"], s["h0"], out, h_alls[i], vec)
 
     def bwd(i):
         s = sets[i]
         op.backward_into(sid, s["inputs"], s["params"], h_alls[i], s["d_out"], s["d_hT"], d_inputs,
-                         dh0, d_params)
+                         dh0, d_params, vec)
 
     def fwdbwd(i):
         fwd(i)
@@ -113,7 +114,8 @@ def _scan_fns(step: str, T: int, B: int, D: int, n: int):
     for i in range(n):
         fwd(i)
     k, p = info["inputs"], info["params"]
-    return (fwd, bwd, fwdbwd, op.forward_bytes(k, p, T, B, D, 2), op.backward_bytes(k, p, T, B, D, 2))
+    size = like.element_size()
+    return (fwd, bwd, fwdbwd, op.forward_bytes(k, p, T, B, D, size), op.backward_bytes(k, p, T, B, D, size))
 
 
 def _fla_fns(kind: str, T: int, B: int, D: int, n: int):

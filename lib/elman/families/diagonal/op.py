@@ -15,9 +15,11 @@ outside the op; the op owns only the recurrence:
   d_params holds per-sequence partial sums [p, B, D] (fp32) that `scan` sums over B.
 
 One kernel launch walks all T steps for a block of channels of the flattened [B*D] step, the
-state in registers, each step's inputs read once (16-byte loads when D and the pointers allow)
-and prefetched several steps ahead; the backward walks T in reverse with the same layout,
-reading h_{t-1} from h_all once (h_t is the previous iteration's h_{t-1}). `forward_bytes` and
+state in registers, each step's inputs read once (16-byte accesses when B*D and the pointers
+allow) and copied (cp.async) into a per-thread ring in shared memory several steps ahead of
+their use, so that the loads stay in flight while earlier steps compute; the backward walks T
+in reverse with the same layout, reading h_{t-1} from h_all once (h_t is the previous
+iteration's h_{t-1}). `forward_bytes` and
 `backward_bytes` state what each launch must move (the benchmark's bandwidth numerator).
 Every input goes through elman.core.validate first; nothing falls back to the reference.
 """
@@ -73,12 +75,13 @@ def validate_scan(inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor]
     return T, B, D
 
 
-def plan(step: str, B: int, D: int, dtype: torch.dtype) -> dict[str, dict[str, int]]:
+def plan(step: str, B: int, D: int, dtype: torch.dtype, vec: int = 0) -> dict[str, dict[str, int]]:
     """The launches of a scan at this size on fresh (aligned) tensors: {"fwd" | "bwd":
-    {"vec": elements per thread, "threads": per block, "blocks"}}."""
+    {"vec": elements per thread, "threads": per block, "blocks"}}. `vec` 0: the launcher's
+    choice; 1, 2, 4 or 8 forces that width (ValueError if B*D or 16 bytes do not allow it)."""
     validate.nonempty("(B, D)", (B, D), "B and D")
     sid, bf16 = step_info(step)["id"], dtype == torch.bfloat16
-    return {d: dict(_ext().plan(sid, B, D, bf16, d == "bwd")) for d in ("fwd", "bwd")}
+    return {d: dict(_ext().plan(sid, B, D, bf16, d == "bwd", vec)) for d in ("fwd", "bwd")}
 
 
 def forward_bytes(k: int, p: int, T: int, B: int, D: int, itemsize: int) -> int:
@@ -95,15 +98,16 @@ def backward_bytes(k: int, p: int, T: int, B: int, D: int, itemsize: int) -> int
                         + k * T * B * D + B * D) + 4 * p * D + 4 * p * B * D)
 
 
-def forward_into(step_id: int, inputs, params, h0, out, h_all) -> None:
-    """The raw forward on preallocated buffers (params fp32, contiguous)."""
-    _ext().forward(step_id, list(inputs), list(params), h0, out, h_all)
+def forward_into(step_id: int, inputs, params, h0, out, h_all, vec: int = 0) -> None:
+    """The raw forward on preallocated buffers (params fp32, contiguous); `vec` as in `plan`."""
+    _ext().forward(step_id, list(inputs), list(params), h0, out, h_all, vec)
 
 
-def backward_into(step_id: int, inputs, params, h_all, d_out, d_hT, d_inputs, dh0, d_params) -> None:
+def backward_into(step_id: int, inputs, params, h_all, d_out, d_hT, d_inputs, dh0, d_params,
+                  vec: int = 0) -> None:
     """The raw backward on preallocated buffers; d_params is fp32 [p, B, D] (partial sums)."""
     _ext().backward(step_id, list(inputs), list(params), h_all, d_out, d_hT, list(d_inputs), dh0,
-                    d_params)
+                    d_params, vec)
 
 
 class DiagonalScan(torch.autograd.Function):
