@@ -171,4 +171,5 @@ def memory_lines(recs: list[dict], a: str, b: str, n: int) -> str:
     ta, tb = ma["fwdbwd_ms"]["median"], mb["fwdbwd_ms"]["median"]
     return (f"- At n = {n}, peak training memory of one layer: {a} {ma['peak_mem_mb']:.0f} MB, {b} "
             f"{mb['peak_mem_mb']:.0f} MB ({ma['peak_mem_mb'] / max(mb['peak_mem_mb'], 1e-9):.2f}x).\n"
-            f"- Forward + backward: {a} {ta:.2f} ms, {b} {tb:.2f} ms ({b} costs {100 * (tb / ta - 1):+.1f} %).")
+            f"- Forward + backward: {a} {ta:.2f} ms, {b} {tb:.2f} ms ({b} is "
+            f"{abs(100 * (tb / ta - 1)):.1f} % {'slower' if tb > ta else 'faster'}).")
