@@ -380,8 +380,10 @@ void with_width(int v, F&& f) {
 // Otherwise the widest allowed width that leaves kMinThreadsPerSm threads an SM and whose
 // blocks are all resident at once (a second wave would walk the whole sequence again); when
 // none does (few channels), the narrowest resident one (the most threads and bytes in flight);
-// when none is resident (a huge B * D), the widest allowed. `blocks_of(v, threads)`: resident
-// blocks an SM of the kernel of width v.
+// when none is resident (a huge B * D), the widest allowed. A width whose copy is under 4
+// bytes (bf16, one element) has no cp.async ring and waits one memory round trip a step, so
+// it is taken only when no wider width is allowed. `blocks_of(v, threads)`: resident blocks an
+// SM of the kernel of width v.
 template <int N, class Blocks>
 ScanPlan choose(int size, int64_t n, int forced, const void* const (&ptrs)[N], Blocks&& blocks_of) {
   const int sms = sm_count();
@@ -390,9 +392,12 @@ ScanPlan choose(int size, int64_t n, int forced, const void* const (&ptrs)[N], B
     return ok ? shape_of(n, forced, sms) : ScanPlan{0, 0, 0};
   }
   const auto fits = [&](const ScanPlan& p) { return p.blocks <= int64_t(sms) * blocks_of(p.vec, p.threads); };
+  const auto ring = [&](int v) { return v * size >= 4; };  // cp.async copies 4, 8 or 16 bytes
+  bool any_ring = false;
+  for (const int v : {8, 4, 2, 1}) any_ring = any_ring || (ring(v) && allowed(v, size, n, ptrs));
   ScanPlan narrowest{0, 0, 0};
   for (const int v : {8, 4, 2, 1}) {
-    if (!allowed(v, size, n, ptrs)) continue;
+    if (!allowed(v, size, n, ptrs) || (any_ring && !ring(v))) continue;
     const ScanPlan plan = shape_of(n, v, sms);
     if (n / v >= int64_t(sms) * kMinThreadsPerSm && fits(plan)) return plan;
     if (fits(plan)) narrowest = plan;
