@@ -4,10 +4,10 @@
 # execute the chapters with papermill, optionally train, and pack everything into one
 # archive under $OUT.
 #
-#   scripts/gpu_pass.sh [STAGE ...]      stages: setup build warm test parity bitwise gdn diagonal
-#                                        headline baselines bench sanitize chapters train
-#                                        leaderboard pack (default: all but bitwise, diagonal,
-#                                        headline, baselines, train and leaderboard)
+#   scripts/gpu_pass.sh [STAGE ...]      stages: setup build dev warm test parity bitwise gdn
+#                                        diagonal headline baselines bench sanitize chapters
+#                                        train leaderboard pack (default: all but dev, bitwise,
+#                                        diagonal, headline, baselines, train and leaderboard)
 #   scripts/gpu_pass.sh setup build warm baselines pack     the baselines' run (issue 4) alone
 #
 # warm compiles, in parallel, the Triton kernels (mamba2, fla-gdn) of the stages that follow
@@ -19,10 +19,13 @@
 # runs/<UTC>_<commit>_<gpu>/), RUN_NOTE (what the run is for, into run.json), QUICK=1 (small
 # benchmarks), TRAIN_JOBS (job file for train), TEST_FILES (GPU test paths; default tests),
 # BENCH_ARGS (extra `elman bench` flags), WARM_ARGS (extra `elman warm` flags, e.g. -j 8),
-# CHAPTERS (names: only those chapters). The corpus for train is the packed file that
-# `elman data --pack 1200 --part-mb 60` writes: carry .cache/data/debian-mix-1200M.txt.json with
-# .xz.000 in one call, then .xz.001, .002, .003 one per call (64 MiB of carried paths a call; the
-# host keeps what was carried while it stays warm).
+# CHAPTERS (names: only those chapters), DEV_CHECKS (the dev stage's programs, dev/*_gpu_check.*:
+# each runs with a 300 s limit and logs into the run folder). scripts/gpu_session.sh runs a
+# pass longer than one device call in the background and polls it. Carry .whl in every call.
+# The corpus for train is the packed file that `elman data --pack 1200 --part-mb 60` writes:
+# carry .cache/data/debian-mix-1200M.txt.json with .xz.000 in one call, then .xz.001, .002, .003
+# one per call (64 MiB of carried paths a call; the host keeps what was carried while it stays
+# warm).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -124,6 +127,16 @@ sanitize() {
 # `git archive COMMIT lib/csrc | tar -x -C .cache/before` and carried).
 bitwise_stage() { python3 dev/dense_bitwise.py --before "${BEFORE_SRC:-.cache/before}" --label "${BEFORE_LABEL:-a62a39d}"; }
 gdn_stage() { python3 scripts/verify_gdn.py; }
+dev_stage() {  # a kernel's own check program, before its family's pass: each in DEV_CHECKS
+  local ok=0 c
+  for c in ${DEV_CHECKS:-}; do
+    log "dev check $c"
+    case $c in *.py) timeout 300 python3 "$c";; *) timeout 300 bash "$c";; esac \
+      > "$ELMAN_RUN_DIR/$(basename "${c%.*}").log" 2>&1 || ok=1
+    tail -n 30 "$ELMAN_RUN_DIR/$(basename "${c%.*}").log"
+  done
+  return $ok
+}
 # The diagonal family's bandwidth table (issue 21's shapes): every diagonal level, forward and
 # backward against the copy bandwidth, FLA's HGRN kernels beside E61, T = 512 then T = 4096.
 diagonal_stage() {
@@ -176,6 +189,7 @@ pack() {
 
 has setup && stage setup setup
 has build && stage build build
+has dev && stage dev dev_stage
 has warm && stage warm warm_stage
 has test && stage test gpu_tests
 has parity && stage parity parity_stage
