@@ -100,9 +100,10 @@ cudaError_t dense_steps_backward(cublasHandle_t handle, int epilogue, const Dens
                                  float* ws);
 
 // ---- persistent path (bf16, sm_90): W_h lives in registers for the whole sequence ------
-// Two designs: "cluster" (D <= 1024, persistent.cuh): one thread-block cluster holds W_h and
-// owns `bc` batch columns; "grid" (D = 2048, grid.cuh): 128 CTAs without clusters hold
-// 64 x 512 tiles and exchange state and partial sums through L2 (B <= 64).
+// Two designs: "cluster" (D = 256, 512, 768, 1024; persistent.cuh): one thread-block cluster
+// holds W_h and owns `bc` batch columns; "grid" (the other multiples of 128 up to 2048;
+// grid.cuh): 4 D / 64 CTAs without clusters hold 64 x 512 tiles (zero-padded beyond D) and
+// exchange state and partial sums through L2 (B <= 64).
 struct PersistentPlan {
   bool ok = false;
   const char* reason = "";
@@ -115,7 +116,7 @@ struct PersistentPlan {
   size_t xchg_bytes = 0;  // global workspace of the exchange (the launcher's `xchg`)
 };
 
-// Either design's plan for this epilogue: the grid design at D = 2048, the cluster design below.
+// Either design's plan for this epilogue (the cluster design where it takes D, else the grid).
 PersistentPlan dense_persistent_plan(int epilogue, int batch, int dim, bool backward);
 
 cudaError_t dense_persistent_forward(int epilogue, const DenseForward& a);

@@ -1,11 +1,19 @@
-// Persistent kernels of the dense family at D = 2048 (bf16, sm_90): the grid design.
+// Persistent kernels of the dense family at D = 256 .. 2048, multiples of 128 (bf16, sm_90):
+// the grid design. persistent.cu gives it the widths the cluster design (persistent.cuh) does
+// not take: 384, 640, 896 and 1152 .. 2048.
 //
-// W_h (8 MiB of bf16) does not fit in one cluster, and at most 30 clusters of 4, 15 of 8 or
-// 7 of 16 CTAs fit on an H100 at once (measured occupancy), so this design uses no
-// clusters: 128 CTAs, all resident (a cooperative launch guarantees it), hold W_h (forward)
-// or W_h^T (backward) in registers for the whole sequence. CTA c owns the 64 rows
-// [64 r, 64 r + 64) (r = c / 4) and the quarter q = c % 4 of the columns, [512 q, 512 q + 512):
-// a 64 x 512 tile (32 registers a thread), held in one of two ways:
+// W_h (up to 8 MiB of bf16) does not fit in one cluster, and at most 30 clusters of 4, 15 of 8
+// or 7 of 16 CTAs fit on an H100 at once (measured occupancy), so this design uses no
+// clusters: 4 D / 64 CTAs (128 at D = 2048), all resident (a cooperative launch guarantees
+// it), hold W_h (forward) or W_h^T (backward) in registers for the whole sequence. CTA c owns
+// the 64 rows [64 r, 64 r + 64) (r = c / 4) and the quarter q = c % 4 of the columns,
+// [512 q, 512 q + 512), of W_h padded with zero columns to 2048: a 64 x 512 tile (32 registers
+// a thread) whose column blocks of 64 are the state of row blocks 8q .. 8q + 7. Below
+// D = 2048 the blocks at or beyond D / 64 do not exist: the warps that own them load no
+// weights, fetch nothing and contribute a zero partial product (the number of row blocks is
+// even, so a wgmma warpgroup's two blocks both exist or both do not). D = 2048 is compiled
+// with D as a constant (kD), the other widths with D from the arguments (kD = 0). The tile is
+// held in one of two ways:
 //   - at 8 and 16 batch columns by 16 warps in a 2 x 8 grid as mma.sync A fragments, warp
 //     (m, k) multiplying rows [32 m, + 32) by source block k: 8 partial products a row;
 //   - at 32 and 64 columns by 4 warpgroups as the register operand of wgmma.m64n{32,64}k16,
@@ -32,7 +40,8 @@
 // read of buffer s (each row block's state at s + 1 needs all four quarters of the state at
 // s, hence every CTA's multiply of step s + 1, each of which follows that CTA's reads of
 // step s). The counters only grow: the waits compare with 4 (s + 1); they are zeroed before
-// each launch. B is at most 64 (8 n-tiles of 8 columns).
+// each launch. B is at most 64 (8 n-tiles of 8 columns). The counters, slots and partial
+// sums are laid out for 32 row blocks at every D.
 // Per-step inputs of the CTA's 16 rows are staged three steps ahead with cp.async, as in the
 // cluster design, and everything of the epilogue that needs no product is computed first.
 // Kernels and launch helpers are templates over the epilogue; persistent.cu instantiates them.
@@ -56,12 +65,13 @@ namespace grid_design {
 // jitter module then found the attributes set only on the other module's kernels.)
 namespace {
 
-constexpr int kDim = 2048;
+constexpr int kDim = 2048;                        // the widest D (the layout of the workspace)
+constexpr int kMinDim = 256;                      // the narrowest D of this design
 constexpr int kRows = 64;                         // rows of a CTA's tile
 constexpr int kQuarters = 4;                      // column quarters: CTAs per row block
 constexpr int kCols = kDim / kQuarters;           // columns of a tile
-constexpr int kBlocks = kDim / kRows;             // row blocks (32)
-constexpr int kCtas = kBlocks * kQuarters;        // 128
+constexpr int kBlocks = kDim / kRows;             // row blocks at D = 2048 (32)
+constexpr int kCtas = kBlocks * kQuarters;        // CTAs at D = 2048 (128)
 constexpr int kSources = kCols / kRows;           // row blocks whose state a tile reads (8)
 constexpr int kSub = kRows / kQuarters;           // rows a CTA finishes (16)
 constexpr int kWarps = 16;
@@ -97,6 +107,7 @@ struct Args {
   __nv_bfloat16* slots;                  // [2][kBlocks][bc][64] (swizzled, see swz)
   float* partials;                       // [2][kBlocks][kQuarters][bc][64]
   long long* trace;                      // optional: per-step phase clocks of CTA 0
+  int dim;                               // D (read by the kD = 0 kernels)
 };
 template <int kG>
 using ArgsFor = GateArgs<Args, kG>;
@@ -146,8 +157,8 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
 
 
 // NT n-tiles of 8 batch columns; staged inputs: forward wx and the kGates gates, backward
-// d_out, h (with kPrev also h_{t-1} and v) and the gates.
-template <int NT, int kGates, bool kBackward, bool kPrev = false>
+// d_out, h (with kPrev also h_{t-1} and v) and the gates; kD: D = 2048, or 0 for D = p.dim.
+template <int NT, int kGates, bool kBackward, bool kPrev = false, int kD = kDim>
 struct Tile {
   static constexpr int kGateAt = kBackward ? (kPrev ? 4 : 2) : 1;  // first staged gate input
   static constexpr int kIn = kGateAt + kGates;
@@ -183,6 +194,10 @@ struct Tile {
   __device__ static int group() { return int(threadIdx.x) >> 7; }            // wgmma
   __device__ static int grow0() { return ((int(threadIdx.x) >> 5) & 3) * 16; }  // wgmma
   __device__ int row0() const { return r * kRows; }
+  template <class A>
+  __device__ static int dim(const A& p) { return kD > 0 ? kD : p.dim; }
+  // Whether row block `block` (a column block of the tiles) exists at width d.
+  __device__ static bool present(int block, int d) { return kD == kDim || block * kRows < d; }
   __device__ int sub0() const { return r * kRows + q * kSub; }  // first row this CTA finishes
 
   __device__ explicit Tile(unsigned char* smem)
@@ -195,11 +210,14 @@ struct Tile {
     }
   }
 
-  __device__ void load_weights(const __nv_bfloat16* w, bool transposed) {
-    if constexpr (kWgmma)
-      load_a(a, w, kDim, row0() + grow0(), q * kCols + group() * 2 * kRows, transposed);
-    else
-      load_a(a, w, kDim, row0() + mrow0(), q * kCols + kgroup() * (kCols / kKGroups), transposed);
+  __device__ void load_weights(const __nv_bfloat16* w, int d, bool transposed) {
+    if constexpr (kWgmma) {
+      if (present(q * kSources + 2 * group(), d))
+        load_a(a, w, d, row0() + grow0(), q * kCols + group() * 2 * kRows, transposed);
+    } else {
+      if (present(q * kSources + kgroup(), d))
+        load_a(a, w, d, row0() + mrow0(), q * kCols + kgroup() * (kCols / kKGroups), transposed);
+    }
   }
 
   template <class A>
@@ -209,7 +227,7 @@ struct Tile {
       if (k == 2) return p.h_all;
       if (k == 3) return p.v_all;
     }
-    return k == 0 ? p.d_out : k == 1 ? p.h_all + size_t(p.batch) * kDim
+    return k == 0 ? p.d_out : k == 1 ? p.h_all + size_t(p.batch) * dim(p)
                                      : gate_input<kGates>(p, k - kGateAt);
   }
   // Stage step t of the inputs of this CTA's 16 rows into ring buffer i: [kIn][bc][16].
@@ -221,7 +239,7 @@ struct Tile {
       const int tensor = c / kChunks, n = (c % kChunks) / 2, half = c % 2;
       if (n >= p.batch) continue;
       const __nv_bfloat16* g =
-          source(p, tensor) + (size_t(t) * p.batch + n) * kDim + sub0() + half * 8;
+          source(p, tensor) + (size_t(t) * p.batch + n) * dim(p) + sub0() + half * 8;
       asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
                        smem_u32(dst + tensor * kSubElems + n * kSub + half * 8)),
                    "l"(g));
@@ -246,7 +264,7 @@ struct Tile {
   // warp (0, k) waits for block 8q + k's counter and bulk-copies its slot. Called after a
   // block barrier that ended every read of the previous state.
   __device__ void fetch(const Args& p, int e) {
-    if (threadIdx.x < kKGroups * 32 && lane() == 0) {
+    if (threadIdx.x < kKGroups * 32 && lane() == 0 && present(q * kSources + kgroup(), dim(p))) {
       const int k = kgroup(), block = q * kSources + k;
       wait_count(&p.counters[block], unsigned(kQuarters * (e + 1)));
       jitter(e, 2);  // between the counter and the copy
@@ -258,18 +276,20 @@ struct Tile {
   }
 
   // This warp's (wgmma: warpgroup's) partial product with the state (fetch number `e` >= 0,
-  // or the prologue's state when e < 0), into red[part][n][row].
+  // or the prologue's state when e < 0), into red[part][n][row]; zero where its blocks do not
+  // exist at width d.
   template <class Arrived>
-  __device__ void multiply(int e, Arrived arrived) {
+  __device__ void multiply(int e, int d, Arrived arrived) {
     if constexpr (kWgmma)
-      multiply_wgmma(e, arrived);
+      multiply_wgmma(e, d, arrived);
     else
-      multiply_mma(e, arrived);
+      multiply_mma(e, d, arrived);
   }
   template <class Arrived>
-  __device__ void multiply_mma(int e, Arrived arrived) {
+  __device__ void multiply_mma(int e, int d, Arrived arrived) {
     const int g = lane() >> 2, qq = lane() & 3, k = kgroup();
-    if (e >= 0) mbar_wait(&bar()[k], uint32_t(e & 1));
+    const bool on = present(q * kSources + k, d);
+    if (e >= 0 && on) mbar_wait(&bar()[k], uint32_t(e & 1));
     jitter(e, 6 + k);  // between the arrival of a slice and its use
     arrived();
     const __nv_bfloat16* src = state() + k * kSlice;
@@ -282,7 +302,7 @@ struct Tile {
     for (int n0 = 0; n0 < NT; n0 += kGroup) {
       float acc[kChains][kMTiles][kGroup][4] = {};
 #pragma unroll
-      for (int s = 0; s < kSteps; ++s) {
+      for (int s = 0; s < kSteps && on; ++s) {
 #pragma unroll
         for (int nt = 0; nt < kGroup; ++nt) {
           const int n = (n0 + nt) * 8 + g, kk = s * 16 + 2 * qq;
@@ -300,24 +320,29 @@ struct Tile {
   // The warpgroup's sources 2k and 2k + 1, one commit group each, issued after its wait (the
   // wait loops stay outside the runs of wgmma, so the compiler keeps them asynchronous).
   template <class Arrived>
-  __device__ void multiply_wgmma(int e, Arrived arrived) {
+  __device__ void multiply_wgmma(int e, int d, Arrived arrived) {
     const int g = lane() >> 2, qq = lane() & 3, k = group();
     float acc[NT * 4];
+    if (present(q * kSources + 2 * k, d)) {
 #pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      const int src = 2 * k + c;
-      if (e >= 0) mbar_wait(&bar()[src], uint32_t(e & 1));
-      jitter(e, 6 + src);
-      if (c == 0) arrived();
-      wgmma_fence();
+      for (int c = 0; c < 2; ++c) {
+        const int src = 2 * k + c;
+        if (e >= 0) mbar_wait(&bar()[src], uint32_t(e & 1));
+        jitter(e, 6 + src);
+        if (c == 0) arrived();
+        wgmma_fence();
 #pragma unroll
-      for (int s = 0; s < kSteps; ++s)
-        wgmma<NT>(acc, a[0][c * kSteps + s], desc_sw128(smem_u32(state() + src * kSlice) + 32 * s),
-                  c + s > 0);
-      wgmma_commit();
+        for (int s = 0; s < kSteps; ++s)
+          wgmma<NT>(acc, a[0][c * kSteps + s],
+                    desc_sw128(smem_u32(state() + src * kSlice) + 32 * s), c + s > 0);
+        wgmma_commit();
+      }
+      wgmma_wait_all();
+      fence_operands(acc);
+    } else {
+#pragma unroll
+      for (int i = 0; i < NT * 4; ++i) acc[i] = 0.f;
     }
-    wgmma_wait_all();
-    fence_operands(acc);
     float* mine = red() + k * kBc * kRedStride;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
@@ -373,28 +398,30 @@ struct Tile {
     }
   }
   __device__ size_t offset(const Args& p, int j) const {  // of element j in a [B][D] plane
-    return size_t(j / kSub) * kDim + sub0() + j % kSub;
+    return size_t(j / kSub) * dim(p) + sub0() + j % kSub;
   }
   __device__ bool live(const Args& p, int j) const {
     return j < kSubElems && j / kSub < p.batch;
   }
 };
 
-template <int NT, class Epi, bool kTrace>
+template <int NT, class Epi, bool kTrace, int kD>
 __global__ void __launch_bounds__(kThreads, 1) grid_forward(ArgsOf<Epi> p) {
-  using G = Tile<NT, Epi::kGates, false>;
+  using G = Tile<NT, Epi::kGates, false, false, kD>;
   constexpr bool kPrev = kReadsPrevOf<Epi>;
   extern __shared__ __align__(128) unsigned char smem[];
   G g(smem);
   stamp<kTrace>(p, 0);
-  const size_t BD = size_t(p.batch) * kDim;
+  const int d = G::dim(p);
+  const size_t BD = size_t(p.batch) * d;
   for (int i = 0; i < kLead; ++i) g.stage_inputs(i, p, i, i >= p.steps);
-  g.load_weights(p.w, false);
-  // The prologue's state: h0's columns of this quarter.
+  g.load_weights(p.w, d, false);
+  // The prologue's state: h0's columns of this quarter (zeros beyond D).
   for (int i = threadIdx.x; i < G::kBc * kCols; i += kThreads) {
     const int n = i / kCols, k = i % kCols;
-    const __nv_bfloat16 v = n < p.batch ? p.h0[size_t(n) * kDim + g.q * kCols + k]
-                                               : __float2bfloat16_rn(0.f);
+    const __nv_bfloat16 v = n < p.batch && G::present(g.q * kSources + k / kRows, d)
+                                ? p.h0[size_t(n) * d + g.q * kCols + k]
+                                : __float2bfloat16_rn(0.f);
     g.state()[(k / kRows) * G::kSlice + n * kRows + swz(n, k % kRows)] = v;
   }
   float bias[G::kPerSub];
@@ -429,7 +456,7 @@ __global__ void __launch_bounds__(kThreads, 1) grid_forward(ArgsOf<Epi> p) {
     g.stage_inputs(t + kLead, p, t + kLead, t + kLead >= p.steps);
     jitter(t, 1);
     if (t > 0) g.fetch(p, t - 1);                // h_t is exchange t - 1 (h0: the prologue)
-    g.multiply(t > 0 ? t - 1 : -1, [&] { mark<kTrace>(p, t, 1); });
+    g.multiply(t > 0 ? t - 1 : -1, d, [&] { mark<kTrace>(p, t, 1); });
     jitter(t, 3);
     __syncthreads();                             // partial sums of the 8 column groups
     mark<kTrace>(p, t, 2);
@@ -471,17 +498,19 @@ __global__ void __launch_bounds__(kThreads, 1) grid_forward(ArgsOf<Epi> p) {
   stamp<kTrace>(p, 1);
 }
 
-template <int NT, class Epi>
+template <int NT, class Epi, int kD>
 __global__ void __launch_bounds__(kThreads, 1) grid_backward(ArgsOf<Epi> p) {
   constexpr bool kPrev = kReadsPrevOf<Epi>;
-  using G = Tile<NT, Epi::kGates, true, kPrev>;  // staged: d_out_t, h_t, (h_{t-1}, v_t,) gates_t
+  // staged: d_out_t, h_t, (h_{t-1}, v_t,) gates_t
+  using G = Tile<NT, Epi::kGates, true, kPrev, kD>;
   constexpr int kG = Epi::kGates;
   extern __shared__ __align__(128) unsigned char smem[];
   G g(smem);
-  const size_t BD = size_t(p.batch) * kDim;
+  const int d = G::dim(p);
+  const size_t BD = size_t(p.batch) * d;
   const int T = p.steps;
   for (int i = 0; i < kLead; ++i) g.stage_inputs(i, p, T - 1 - i, i >= T);
-  g.load_weights(p.w, true);
+  g.load_weights(p.w, d, true);
   G::wait_inputs();
   __syncthreads();
   float carry[kPrev ? G::kPerSub : 1] = {};  // kPrev: dh_{t+1} dh_{t+1}/dh_t of this element
@@ -519,7 +548,7 @@ __global__ void __launch_bounds__(kThreads, 1) grid_backward(ArgsOf<Epi> p) {
     jitter(u, 1);
     if (u > 0) {                                 // W_h^T dv_{t+1}: exchange u - 1
       g.fetch(p, u - 1);
-      g.multiply(u - 1, [] {});
+      g.multiply(u - 1, d, [] {});
       jitter(u, 3);
       __syncthreads();
       g.exchange_partials(p, u - 1);
@@ -557,7 +586,7 @@ __global__ void __launch_bounds__(kThreads, 1) grid_backward(ArgsOf<Epi> p) {
   }
   // dh0 = W_h^T dv_0: exchange T - 1, multiply T - 1.
   g.fetch(p, T - 1);
-  g.multiply(T - 1, [] {});
+  g.multiply(T - 1, d, [] {});
   __syncthreads();
   g.exchange_partials(p, T - 1);
 #pragma unroll
@@ -575,16 +604,18 @@ __global__ void __launch_bounds__(kThreads, 1) grid_backward(ArgsOf<Epi> p) {
 template <class Epi>
 using KernelPtr = void (*)(ArgsOf<Epi>);
 
-template <class Epi>
-KernelPtr<Epi> pick(int nt, bool backward, bool trace = false) {
+// The kernel of D = 2048 (kD = kDim) or of the narrower widths (kD = 0).
+template <class Epi, int kD>
+KernelPtr<Epi> pick_width(int nt, bool backward, bool trace) {
 #ifdef ELMAN_TRACE  // the traced forward exists in the development build only
-#define ELMAN_FORWARD(NT) trace ? grid_forward<NT, Epi, true> : grid_forward<NT, Epi, false>
+#define ELMAN_FORWARD(NT) \
+  trace ? grid_forward<NT, Epi, true, kD> : grid_forward<NT, Epi, false, kD>
 #else
-#define ELMAN_FORWARD(NT) trace ? nullptr : grid_forward<NT, Epi, false>
+#define ELMAN_FORWARD(NT) trace ? nullptr : grid_forward<NT, Epi, false, kD>
 #endif
 #define ELMAN_CASE(NT) \
   case NT:             \
-    return backward ? grid_backward<NT, Epi> : ELMAN_FORWARD(NT);
+    return backward ? grid_backward<NT, Epi, kD> : ELMAN_FORWARD(NT);
   switch (nt) {
     ELMAN_CASE(1) ELMAN_CASE(2) ELMAN_CASE(4) ELMAN_CASE(8)
     default: return nullptr;
@@ -592,6 +623,12 @@ KernelPtr<Epi> pick(int nt, bool backward, bool trace = false) {
 #undef ELMAN_CASE
 #undef ELMAN_FORWARD
 }
+template <class Epi>
+KernelPtr<Epi> pick(int dim, int nt, bool backward, bool trace = false) {
+  return dim == kDim ? pick_width<Epi, kDim>(nt, backward, trace)
+                     : pick_width<Epi, 0>(nt, backward, trace);
+}
+inline int ctas_for(int dim) { return dim / kRows * kQuarters; }
 template <int kGates, bool kPrev = false>
 int smem_for(int nt, bool backward) {
   switch (nt) {
@@ -615,7 +652,7 @@ template <class Epi>
 cudaError_t launch(const PersistentPlan& plan, bool backward, cudaStream_t stream,
                    ArgsOf<Epi> a,
                    void* xchg) {
-  KernelPtr<Epi> k = pick<Epi>(plan.bc / 8, backward, a.trace != nullptr);
+  KernelPtr<Epi> k = pick<Epi>(a.dim, plan.bc / 8, backward, a.trace != nullptr);
   if (k == nullptr) return cudaErrorInvalidValue;  // a trace asked of a build without it
   if (a.trace != nullptr) {  // the plan set the attribute of the untraced kernel only
     const cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.smem);
@@ -629,11 +666,11 @@ cudaError_t launch(const PersistentPlan& plan, bool backward, cudaStream_t strea
   if (e != cudaSuccess) return e;
   cudaLaunchConfig_t cfg = {};
   cudaLaunchAttribute attr[1];
-  cfg.gridDim = dim3(kCtas);
+  cfg.gridDim = dim3(plan.clusters);
   cfg.blockDim = dim3(kThreads);
   cfg.dynamicSmemBytes = plan.smem;
   cfg.stream = stream;
-  attr[0].id = cudaLaunchAttributeCooperative;  // all 128 CTAs resident, or an error
+  attr[0].id = cudaLaunchAttributeCooperative;  // every CTA resident, or an error
   attr[0].val.cooperative = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
@@ -641,28 +678,35 @@ cudaError_t launch(const PersistentPlan& plan, bool backward, cudaStream_t strea
   return e == cudaSuccess ? cudaGetLastError() : e;
 }
 
-// The grid design's plan for epilogue Epi (D = 2048).
+// The grid design's plan for epilogue Epi (D = 256 .. 2048, multiples of 128).
 template <class Epi>
 PersistentPlan make_plan(int batch, int dim, bool backward) {
   PersistentPlan plan;
   plan.design = "grid";
-  if (dim != kDim) { plan.reason = "the grid design takes D = 2048 only"; return plan; }
+  if (dim % 128 != 0 || dim < kMinDim || dim > kDim) {
+    plan.reason = "D must be a multiple of 128 from 256 to 2048";
+    return plan;
+  }
   if (batch < 1) { plan.reason = "B must be at least 1"; return plan; }
   if (batch > kMaxBc) {  // measured: two launches of 64 columns at B = 70 took 14.3 us a
     // step, the per-step path 7.7
-    plan.reason = "the grid design (D = 2048) takes B <= 64; beyond, the per-step path is faster";
+    plan.reason = "at D other than 256, 512, 768, 1024 (the grid design) B must be <= 64; "
+                  "beyond, the per-step path is faster";
     return plan;
   }
   int dev = 0;
   cudaGetDevice(&dev);
   const int nt = tiles_for(batch);
   const int smem = smem_for<Epi::kGates, kReadsPrevOf<Epi>>(nt, backward);
-  static int cache[8][9][2];  // CTAs of this kernel the GPU holds at once, per device
-  static bool cached[8][9][2];
-  int& resident = cache[dev & 7][nt][backward];
-  if (!cached[dev & 7][nt][backward]) {
-    cached[dev & 7][nt][backward] = true;
-    KernelPtr<Epi> k = pick<Epi>(nt, backward);
+  // CTAs of this kernel the GPU holds at once, per device (and kD: each kernel gets its
+  // shared-memory attribute here)
+  static int cache[8][9][2][2];
+  static bool cached[8][9][2][2];
+  const bool fixed = dim == kDim;
+  int& resident = cache[dev & 7][nt][backward][fixed];
+  if (!cached[dev & 7][nt][backward][fixed]) {
+    cached[dev & 7][nt][backward][fixed] = true;
+    KernelPtr<Epi> k = pick<Epi>(dim, nt, backward);
     int per_sm = 0, sms = 0;
     if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
             cudaSuccess ||
@@ -675,14 +719,14 @@ PersistentPlan make_plan(int batch, int dim, bool backward) {
     resident = per_sm * sms;
   }
   plan.max_active = resident;
-  if (resident < kCtas) {
-    plan.reason = "the grid design needs 128 resident CTAs of 512 threads (128 SMs)";
+  if (resident < ctas_for(dim)) {
+    plan.reason = "the grid design needs 4 D / 64 resident CTAs of 512 threads (128 SMs at D = 2048)";
     return plan;
   }
   plan.ok = true;
   plan.cluster = 1;
   plan.bc = nt * 8;
-  plan.clusters = kCtas;
+  plan.clusters = ctas_for(dim);
   plan.smem = smem;
   plan.xchg_bytes = kCounterBytes + slot_bytes(plan.bc) + partial_bytes(plan.bc);
   return plan;
@@ -693,6 +737,7 @@ cudaError_t forward(const PersistentPlan& plan, const DenseForward& f, long long
   ArgsOf<Epi> a = {};
   set_forward<Epi::kGates>(a, f);
   set_candidate<Epi>(a, f.v_all);
+  a.dim = f.dim;
   a.trace = trace;
   return launch<Epi>(plan, false, f.stream, a, f.xchg);
 }
@@ -702,6 +747,7 @@ cudaError_t backward(const PersistentPlan& plan, const DenseBackward& g) {
   ArgsOf<Epi> a = {};
   set_backward<Epi::kGates>(a, g);
   set_candidate<Epi>(a, g.v_all);
+  a.dim = g.dim;
   return launch<Epi>(plan, true, g.stream, a, g.xchg);
 }
 

@@ -1,5 +1,7 @@
 // The persistent path's entry points: either design (persistent.cuh: one cluster per batch
-// group at D = 256..1024; grid.cuh: 128 CTAs at D = 2048) for every epilogue of the table.
+// group at D = 256, 512, 768, 1024; grid.cuh: 4 D / 64 CTAs at the other multiples of 128 up
+// to 2048) for every epilogue of the table. The supported sizes are stated once more in lib/elman/families/dense/op.py
+// (`persistent_size`), which a GPU test checks against these plans.
 // The traced forward is compiled only with ELMAN_TRACE (the development extension): in the
 // production build its marks and its instantiation do not exist.
 #include "dense/dense.h"
@@ -17,8 +19,8 @@ PersistentPlan dense_persistent_plan(int epilogue, int batch, int dim, bool back
   if (major < 9) { plan.reason = "needs compute capability 9.0+ (sm_90)"; return plan; }
   const bool known = with_epilogue<true, DenseEpilogues>(epilogue, [&](auto e) {
     using E = decltype(e);
-    plan = dim == 2048 ? grid_design::make_plan<E>(batch, dim, backward)
-                       : cluster_design::make_plan<E>(batch, dim, backward);
+    plan = dim % 256 == 0 && dim <= 1024 ? cluster_design::make_plan<E>(batch, dim, backward)
+                                         : grid_design::make_plan<E>(batch, dim, backward);
   });
   if (!known) plan.reason = "unknown dense epilogue id";
   return plan;

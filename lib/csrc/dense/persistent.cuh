@@ -597,7 +597,7 @@ PersistentPlan make_plan(int batch, int dim, bool backward) {
   int dev = 0;
   cudaGetDevice(&dev);
   if (dim % 256 != 0 || dim < 256 || dim > 1024) {
-    plan.reason = "D must be 256, 512, 768, 1024 (one cluster) or 2048 (the grid design)";
+    plan.reason = "the cluster design takes D = 256, 512, 768, 1024";
     return plan;
   }
   if (batch < 1) { plan.reason = "B must be at least 1"; return plan; }

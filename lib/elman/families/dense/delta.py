@@ -25,7 +25,8 @@ The compiled op (lib/csrc/dense/delta.*) owns the recurrence:
 
 Paths: `steps` (launched from the stream), `graph` (the same loop captured once per shape
 in a CUDA graph and replayed) and, for modes a, b and d in bf16, `persistent`: the dense
-family's persistent kernels (cluster design at D = 256..1024, grid design at D = 2048, B <= 64)
+family's persistent kernels (the sizes of op.persistent_size: cluster design at D = 256, 512,
+768, 1024, grid design at the other multiples of 128 up to 2048 with B <= 64)
 with the epilogues `delta_complementary`, `delta_independent`, `delta_additive` of
 lib/csrc/dense/epilogues.cuh. There W_h stays in registers for the whole sequence; the thread
 that finishes an element of h_t keeps h_{t-1} (fp32) and, backward, the direct gradient term
@@ -43,7 +44,7 @@ import torch
 
 from ...core import extension as ops
 from ...core import validate
-from .op import DTYPES, replay
+from .op import DTYPES, persistent_size, replay
 
 MODES = {"a": 0, "b": 1, "c": 2, "d": 3}
 CHANNELS = {"a": 2, "b": 3, "c": 3, "d": 2}   # G: input-side blocks (v, alpha[, beta])
@@ -81,13 +82,15 @@ def check_path(path: str, mode: str = "a") -> None:
 
 def persistent_supported(mode: str, B: int, D: int, dtype: torch.dtype) -> tuple[bool, str]:
     """(ok, reason): whether the persistent kernels run this mode and size (bf16 only; modes
-    a, b, d; the sizes of the dense family's persistent plan: D in {256, 512, 768, 1024} or
-    D = 2048 with B <= 64, as the GPU holds them)."""
+    a, b, d; the sizes of the dense family's op.persistent_size, as the GPU holds them)."""
     check_mode(mode)
     if mode == "c":
         return False, NO_PERSISTENT_63C
     if dtype != torch.bfloat16:
         return False, "the persistent kernels are bf16 only"
+    ok, why = persistent_size(B, D)
+    if not ok:
+        return False, why
     if not torch.cuda.is_available():
         return False, "no CUDA device"
     eid = _ext().epilogues()[PERSISTENT_EPILOGUE[mode]]["id"]

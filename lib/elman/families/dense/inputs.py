@@ -13,11 +13,13 @@ from . import op
 # (T, B, D): B=1 and T=1, odd T and B, D not a multiple of 32, and the sizes the
 # persistent kernels take: the cluster design at D = 256..1024 in steps of 256 (B = 130
 # needs two waves of 16-column clusters at D = 1024), the grid design at D = 2048 with
-# 8, 32 and 64 batch columns (B = 70 is beyond it: the per-step path).
+# 8, 32 and 64 batch columns and at its padded widths (384: one tile of six blocks; 1152
+# and 1920: the last tile partly beyond D); B = 70 is beyond it: the per-step path.
 TEST_SHAPES = shapes(
     (1, 1, 32), (7, 3, 100), (33, 2, 48), (64, 4, 256), (17, 5, 512),
     (9, 16, 1024), (13, 64, 512), (5, 8, 768), (3, 2, 2048), (6, 64, 1024), (4, 130, 1024),
     (6, 20, 2048), (5, 64, 2048), (4, 70, 2048),
+    (5, 3, 384), (4, 64, 1152), (3, 9, 1920), (4, 70, 1280),
 )
 
 
