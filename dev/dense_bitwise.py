@@ -61,6 +61,8 @@ def kernel_key(mangled: str) -> str | None:
         return None
     rest = mangled[m.end():].split("Ev")[0]  # template arguments only, not the parameter type
     ints = re.findall(r"Li(\d+)E", rest)
+    if m[1].startswith("grid") and len(ints) == 2:  # the grid kernels' width: 2048 or 0 (any D)
+        ints = ints[:1] if ints[1] == "2048" else [ints[0], "anyD"]
     bools = re.findall(r"Lb(\d)E", rest)[1:]  # the first is the epilogue's kApprox
     dtype = "bf16" if "nv_bfloat16" in rest else ("f32" if m[1].startswith("step") else "")
     return ":".join([m[1], *ints, dtype, *("trace" if b == "1" else "" for b in bools)]).rstrip(":")
@@ -129,8 +131,11 @@ def sass_mode(before: Path) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         a, b = Path(tmp, "before"), Path(tmp, "after")
         a.mkdir(), b.mkdir()
-        old = compile_tree(before / "lib" / "csrc",
-                           ["dense_persistent.cu", "dense_grid.cu", "dense_steps.cu"], a, [])
+        csrc = before / "lib" / "csrc"
+        if (csrc / "dense" / "persistent.cu").exists():  # a tree with the family layout
+            old = compile_tree(csrc, ["dense/persistent.cu", "dense/steps.cu"], a, ["-DELMAN_TRACE"])
+        else:
+            old = compile_tree(csrc, ["dense_persistent.cu", "dense_grid.cu", "dense_steps.cu"], a, [])
         new = compile_tree(ROOT / "lib" / "csrc", ["dense/persistent.cu", "dense/steps.cu"], b,
                            ["-DELMAN_TRACE"])
     keys = sorted((set(old[0]) | set(new[0])) - {None})

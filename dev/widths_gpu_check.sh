@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The dense persistent path at every width on a GPU (H100, about 4 minutes): build the dense
+# extension, run the width tests and the E63 persistent tests, then time the per-step
+# forward of E1 on the persistent and graph paths at every multiple of 128 from 256 to 2048,
+# B = 4, 16, 64, 128, with issue 20's committed numbers as PASS / MISS lines.
+#
+#   PYTHONPATH=/tmp/site:$PWD/lib ELMAN_BUILD_DIR=/tmp/elman-build bash dev/widths_gpu_check.sh
+#
+# Output, in order: "== build" (build time), "== tests" (pytest's summary), "== latency" (one
+# row per D: design, persistent / graph us a step per B, "-" where the size takes the graph
+# path; then PASS / MISS lines and their count). The table is also written to
+# $OUT/widths_latency.json when OUT is set.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1
+export ELMAN_BUILD_DIR=${ELMAN_BUILD_DIR:-/tmp/elman-build}
+PY=${PYTHON:-python3}
+
+echo "== build"
+start=$(date +%s)
+$PY -c "from elman.core import extension; extension.load('dense', verbose=False); print('elman_dense built')" || {
+  echo "BUILD FAILED: rerun with extension.load('dense', verbose=True) for the compiler's output"; exit 1; }
+echo "build: $(( $(date +%s) - start )) s"
+
+echo "== tests (pytest -m gpu tests/test_widths*.py, the persistent tests of test_e63_gpu.py)"
+$PY -m pytest -q -m gpu -p no:cacheprovider tests/test_widths.py tests/test_widths_gpu.py \
+  tests/test_e63_gpu.py -k "widths or persistent or auto" 2>&1 | tail -25
+
+echo "== latency"
+json=()
+[ -n "${OUT:-}" ] && json=(--json "$OUT/widths_latency.json")
+$PY dev/widths_latency.py --T 256 --reps 10 --batches 4 16 64 128 "${json[@]}"

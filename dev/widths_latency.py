@@ -1,0 +1,95 @@
+"""Per-step forward latency of the dense persistent path against the graph path at every
+multiple of 128 from 256 to 2048 (E1's epilogue, bf16), with issue 20's committed numbers:
+
+    python dev/widths_latency.py [--T 256] [--reps 15] [--batches 4 16 64 128]
+
+For each (B, D) it times the raw forward on preallocated buffers (`op.forward_into`, the
+median of `reps` launches after three warm-ups, divided by T) on the persistent path where
+`op.persistent_size` takes the size and on the graph path (elman.core.timing.timeit), and prints one row per D: the
+design, persistent and graph microseconds a step for each B. Then PASS / MISS lines: at no
+width is the persistent step slower than at D = 2048 for the same B (B <= 64, where D = 2048
+runs persistent); at D = 1280 it is <= 1.5 us at B <= 16 and <= 2.5 us at B = 64. Writes the
+table as JSON with --json PATH. Exits 0 (the MISS lines are the verdict).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "lib"))
+
+from elman.core.timing import timeit, warm_up  # noqa: E402
+from elman.families.dense import op  # noqa: E402
+
+WIDTHS = list(range(256, 2049, 128))
+EPILOGUE = "tanh_silu_gate"
+
+
+def per_step(path: str, T: int, B: int, D: int, reps: int) -> float:
+    g = torch.Generator(device="cuda").manual_seed(0)
+    kw = dict(device="cuda", dtype=torch.bfloat16)
+
+    def rand(*shape, scale=1.0):
+        return (scale * torch.randn(*shape, device="cuda", generator=g)).to(torch.bfloat16)
+    w_h, h0 = rand(D, D, scale=0.5 / D ** 0.5), rand(B, D, scale=0.3)
+    wx, z, b = rand(T, B, D), rand(T, B, D), rand(D, scale=0.1)
+    out, h_all = torch.empty(T, B, D, **kw), torch.empty(T + 1, B, D, **kw)
+    ms = timeit(lambda _: op.forward_into(path, EPILOGUE, wx, [z], w_h, b, h0, out, h_all),
+                reps=reps, warmup=3)["median"]
+    return ms * 1e3 / T
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--T", type=int, default=256)
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--batches", type=int, nargs="+", default=[4, 16, 64, 128])
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args()
+    table: dict[int, dict[int, dict[str, float | None]]] = {}
+    warm_up()
+    print(f"per-step forward, {EPILOGUE}, bf16, T = {a.T} (us a step: persistent / graph)")
+    print(f"{'D':>5} {'design':8} " + " ".join(f"{'B=' + str(B):>15}" for B in a.batches))
+    for D in WIDTHS:
+        table[D] = {}
+        cells = []
+        for B in a.batches:
+            ok = op.persistent_size(B, D)[0] and op.plan(B, D, torch.bfloat16) == "persistent"
+            p = per_step("persistent", a.T, B, D, a.reps) if ok else None
+            gr = per_step("graph", a.T, B, D, a.reps)
+            table[D][B] = {"persistent": p, "graph": gr}
+            cells.append(f"{(f'{p:.2f}' if p is not None else '-'):>6} / {gr:6.2f}")
+        print(f"{D:5d} {op.persistent_design(D):8} " + " ".join(f"{c:>15}" for c in cells),
+              flush=True)
+    misses = 0
+    for B in a.batches:
+        ref = table[2048][B]["persistent"]
+        if ref is None:
+            continue
+        slower = [D for D in WIDTHS if table[D][B]["persistent"] is not None
+                  and table[D][B]["persistent"] > ref]
+        verdict = "PASS" if not slower else "MISS"
+        misses += verdict == "MISS"
+        print(f"{verdict} B={B}: no width slower than D=2048 ({ref:.2f} us)"
+              + (f"; slower at D={slower}" if slower else ""))
+    for B, limit in ((4, 1.5), (16, 1.5), (64, 2.5)):
+        if B not in table[1280]:
+            continue
+        p = table[1280][B]["persistent"]
+        verdict = "PASS" if p is not None and p <= limit else "MISS"
+        misses += verdict == "MISS"
+        shown = f"{p:.2f}" if p is not None else "not persistent"
+        print(f"{verdict} D=1280 B={B}: {shown} us <= {limit} us")
+    print(f"{misses} MISS")
+    if a.json:
+        a.json.write_text(json.dumps({str(D): {str(B): v for B, v in row.items()}
+                                      for D, row in table.items()}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
