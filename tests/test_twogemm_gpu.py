@@ -193,3 +193,77 @@ def test_tape_backward_memory_below_history():
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - start
     assert peak < history, (peak, history)
+
+
+# ---- the low-rank persistent kernels at the edges of their design ---------------------------
+# (T, B, D, r): one CTA with padded rows and rank (D = 48, r = 5); two CTAs (D = 200, r = 17,
+# rank tile 2); eight CTAs with two clusters, the second partly filled (B = 9, D = 520: the
+# last CTA holds 8 live rows); the benchmark shape; rank tile 16 at 64 and at 128 rows a CTA
+# (the most registers); 16 CTAs (D = 2048); r = 16 (one rank tile); odd T and T = 1.
+PERSISTENT_EDGES = [(1, 1, 48, 5), (7, 3, 200, 17), (33, 9, 520, 64), (17, 4, 512, 128),
+                    (5, 2, 1024, 256), (4, 3, 768, 256), (3, 2, 2048, 128), (9, 16, 512, 16)]
+
+
+def _lowrank_inputs(T, B, D, r, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    kw = dict(device="cuda", generator=g, dtype=torch.float64)
+    u = torch.randn(D, r, **kw) / r ** 0.5
+    v = torch.randn(r, D, **kw) / D ** 0.5
+    s = (0.95 / torch.linalg.matrix_norm(u @ v, ord=2)).sqrt()
+    return dict(a=torch.randn(T, B, D, **kw), c=torch.randn(T, B, D, **kw), u=u * s, v=v * s,
+                b=0.1 * torch.randn(D, **kw), h0=torch.rand(B, D, **kw) - 0.5)
+
+
+@pytest.mark.parametrize("mode", sorted(stages.MODES))
+@pytest.mark.parametrize("T,B,D,r", PERSISTENT_EDGES)
+def test_lowrank_persistent_parity(mode, T, B, D, r):
+    """Every output and gradient of the persistent kernels against fp64 autograd through the
+    per-step loops, and the path reported."""
+    x = _lowrank_inputs(T, B, D, r, seed=T + B + D + r)
+    g = torch.Generator(device="cuda").manual_seed(5)
+    d_out = torch.randn(T, B, D, device="cuda", generator=g, dtype=torch.float64)
+    d_hT = torch.randn(B, D, device="cuda", generator=g, dtype=torch.float64)
+    names = ("a", "c", "u", "v", "b", "h0")
+    ref_leaves = {k: x[k].clone().requires_grad_() for k in names}
+    ref = op.lowrank_emulated(mode, **ref_leaves)
+    ref_grads = torch.autograd.grad(ref, [ref_leaves[k] for k in names], (d_out, d_hT))
+    leaves = {k: x[k].to(torch.bfloat16).requires_grad_() for k in names}
+    outs = op.lowrank_cell(mode, **leaves, path="persistent")
+    grads = torch.autograd.grad(outs, [leaves[k] for k in names],
+                                (d_out.to(torch.bfloat16), d_hT.to(torch.bfloat16)))
+    assert op.last_path == {"forward": "persistent", "backward": "persistent"}
+    for name, a, b in zip(("out", "h_T", *names), (*outs, *grads), (*ref, *ref_grads)):
+        assert rel_error(a, b) < 2e-2, (name, rel_error(a, b))
+
+
+def test_lowrank_persistent_agrees_with_schedule():
+    """The kernel against its CPU restatement with the same bf16 roundings (schedule.py):
+    the only differences are the fp32 summation orders inside the tensor-core products."""
+    from elman.families.twogemm import schedule
+    T, B, D, r, mode = 9, 5, 520, 64, 1
+    x = _lowrank_inputs(T, B, D, r, seed=11)
+    xb = {k: t.to(torch.bfloat16) for k, t in x.items()}
+    C, S = schedule.cluster_shape(D)
+    out, h_all, p_all, aux = schedule.lowrank_forward(
+        mode, *(xb[k].float().cpu() for k in ("a", "c", "u", "v", "b", "h0")), C, S, torch.bfloat16)
+    got, hT = op.lowrank_cell("gated_tanh", **xb, path="persistent")
+    assert rel_error(got, out) < 5e-3 and rel_error(hT, h_all[-1]) < 5e-3
+
+
+@pytest.mark.parametrize("B,D,r,why", [(2, 100, 16, "multiple of 8"), (2, 512, 300, "r above 256"),
+                                       (2, 4096, 16, "above 2048")])
+def test_lowrank_persistent_refuses_outside_design(B, D, r, why):
+    x = {k: t.to(torch.bfloat16) for k, t in _lowrank_inputs(2, B, D, r).items()}
+    with pytest.raises(ValueError, match=why):
+        op.lowrank_cell("tanh_gate", **x, path="persistent")
+    op.lowrank_cell("tanh_gate", **x, path="auto")
+    assert op.last_path["forward"] == "graph"
+
+
+def test_auto_takes_lowrank_persistent_not_tape():
+    """auto: the low-rank persistent kernel where it runs; E23's scalar persistent kernels
+    never (op.AUTO_PERSISTENT)."""
+    assert op.plan("auto", 4, 512, torch.bfloat16, rank=128) == "persistent"
+    assert op.plan("auto", 64, 1024, torch.bfloat16, rank=256) == "persistent"
+    assert op.plan("auto", 4, 512, torch.float32, rank=128) == "graph"
+    assert op.plan("auto", 4, 512, torch.bfloat16, slots=8) == "graph"

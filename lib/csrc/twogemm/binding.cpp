@@ -8,6 +8,7 @@
 #include <torch/extension.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -222,6 +223,14 @@ std::tuple<bool, std::string> lowrank_persistent_supported(int64_t B, int64_t D,
   return {plan.ok, std::string(plan.reason)};
 }
 
+// The persistent kernels stage [T, B, D] inputs by 16-byte copies.
+void check_aligned16(std::initializer_list<std::pair<const at::Tensor*, const char*>> tensors) {
+  for (const auto& [t, name] : tensors)
+    if (t != nullptr && reinterpret_cast<std::uintptr_t>(t->data_ptr()) % 16 != 0)
+      value_error(std::string(name) + " is not 16-byte aligned (the persistent kernel stages it "
+                  "by 16-byte copies); pass a fresh contiguous tensor");
+}
+
 elman::LowRankPlan persistent_plan_checked(int64_t B, int64_t D, int64_t r, bool bf16) {
   const auto plan = elman::lowrank_persistent_plan(int(B), int(D), int(r), bf16);
   if (!plan.ok)
@@ -246,6 +255,7 @@ void lowrank_persistent_forward(int64_t mode, const at::Tensor& a, const at::Ten
   check_aux(check, aux, mode, {T, B, D});
   const bool bf16 = a.scalar_type() == at::kBFloat16;
   const auto plan = persistent_plan_checked(B, D, r, bf16);
+  check_aligned16({{&a, "a"}, {&c, "c"}, {&h_all, "h_all"}});
   const c10::cuda::CUDAGuard guard(a.device());
   elman::LowRankPersistent args = {};
   args.mode = int(mode); args.steps = int(T); args.batch = int(B); args.dim = int(D); args.rank = int(r);
@@ -276,6 +286,8 @@ void lowrank_persistent_backward(int64_t mode, const at::Tensor& c, const at::Te
   check_aux(check, aux, mode, {T, B, D});
   const bool bf16 = d_out.scalar_type() == at::kBFloat16;
   const auto plan = persistent_plan_checked(B, D, r, bf16);
+  check_aligned16({{&d_out, "d_out"}, {&c, "c"}, {&h_all, "h_all"},
+                   {aux.has_value() ? &*aux : nullptr, "aux"}});
   const c10::cuda::CUDAGuard guard(d_out.device());
   elman::LowRankPersistent args = {};
   args.mode = int(mode); args.steps = int(T); args.batch = int(B); args.dim = int(D); args.rank = int(r);

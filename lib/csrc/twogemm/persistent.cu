@@ -1,24 +1,43 @@
 // The low-rank persistent kernels (E4, E5, E66, E67lr): one launch runs the whole sequence.
 //
-// A cluster of C CTAs owns kPersistentColumns batch columns; CTA c owns the state rows
-// I_c = [c S, c S + S), S = ceil(D / C), keeps its rows' state in shared memory and its
-// slices of the factors there for the whole sequence: V[:, I_c] and U[I_c, :]. A forward step
-//   1. multiplies its slice: part_c = V[:, I_c] h_{t-1}[I_c] (r values per batch column);
-//   2. cluster barrier; every CTA sums the C partials from the peers' shared memory in rank
-//      order (so every CTA holds the same p = V h_{t-1}, bitwise), rank 0 stores p for dU;
-//   3. q[I_c] = U[I_c, :] p, then the fused stage (stage.cuh) gives h_t[I_c] and the outputs.
-// The backward mirrors it: the stage's gradient on I_c, partials of d_pre U, the barrier and
-// the r-wide sum, then g[I_c] += (d_pre U) V[:, I_c]. Only r-wide partials cross the cluster,
-// never a D-wide state. The partial buffers are double: step t writes buffer t % 2, which
-// the peers read before they arrive at the barrier of step t + 1, and it is written again
-// only after that barrier. A last barrier keeps every CTA alive while peers may still read
-// its shared memory. The state is rounded to the storage dtype every step, as the per-step
-// path stores it.
+// A cluster of C CTAs (1, 2, 4, 8 or 16) owns 8 batch columns; CTA c owns the state rows
+// I_c = [c S, c S + S) with S = 64 or 128 (rows beyond D are zeros). Both factor slices stay
+// in registers for the whole sequence as mma.sync A fragments (forward: V[:, I_c] as an
+// r x S tile and U[I_c, :] as S x r; backward their transposes), the rank padded to
+// 16, 32, 64, 128 or 256. A forward step is
+//   A. warp w (of 8) multiplies its 16-row tiles w, w + 8 of V[:, I_c] by h_{t-1}[I_c] (bf16
+//      in shared memory, mma m16n8k16, fp32 accumulate): this CTA's partial of p = V h_{t-1};
+//   X. each lane rounds its accumulators to bf16 and st.async's them (8 bytes) into the same
+//      slot of every CTA of the cluster, counted on the receiver's mbarrier: only the r-wide
+//      partials cross the cluster, never a D-wide state, and no cluster barrier runs per step;
+//   R. warp w waits for its tiles from every source and sums them in rank order (so every
+//      CTA holds the same p, bitwise), rounds p to bf16 (as the per-step path stores it) into
+//      shared memory; CTA 0 stores it for dU;
+//   B. after a block barrier, warp w < S / 16 multiplies its 16 rows of U[I_c, :] by p and
+//      applies the stage (stage.cuh) to its accumulators: each lane owns 4 (row, column)
+//      elements for the whole sequence, h_{t-1} of them in registers; h_t goes to shared
+//      memory (bf16) and, after a second block barrier, into the next step's A.
+// The backward runs the same machine on (U^T, V^T): the stage's gradient gives d_pre on
+// I_c, A/X/R give dp = d_pre U (r wide), B gives g_{t-1}[I_c] = direct + (dp V)[I_c], kept in
+// fp32 registers.
+// Per-step inputs ([T][B][D] slices of this CTA's rows) are staged kLead steps ahead by
+// cp.async in a ring of shared-memory buffers; the block barrier before B (forward) or before
+// the stage gradient (backward) makes each step's copies visible.
+// Exchange safety: a receive buffer and its mbarrier are double (step t uses t % 2). A source
+// writes step t + 2's partials into buffer t % 2 of a receiver only after it summed step
+// t + 1, which needs the receiver's step t + 1 partial, which the receiver sends only after
+// every one of its warps finished reading buffer t % 2 (block barriers in between). The
+// mbarrier of step t + 2 is armed by the receiver's thread 0 after it waited for step t;
+// bytes that arrive earlier are counted against the not yet armed phase, which completes only
+// once armed. A last cluster barrier keeps every CTA alive until all exchanges are done.
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
+#include <cstdint>
+
 #include "common/cluster.cuh"
 #include "common/math.cuh"
+#include "common/mma.cuh"
 #include "twogemm/launch.cuh"
 #include "twogemm/stage.cuh"
 #include "twogemm/twogemm.h"
@@ -27,196 +46,455 @@ namespace elman {
 namespace {
 
 namespace cg = cooperative_groups;
+using bf16 = __nv_bfloat16;
 
-constexpr int kThreads = kLaunchThreads;
-constexpr int kBC = kPersistentColumns;
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+static_assert(kThreads == kLaunchThreads, "the plan asks occupancy at kLaunchThreads");
+constexpr int kBc = kPersistentColumns;  // 8: one mma n-tile
+static_assert(kBc == 8, "one n-tile of batch columns");
+// Inputs come from HBM, about a step's latency away: staged three steps ahead.
+constexpr int kLead = 3;
+constexpr int kStages = kLead + 1;
+constexpr int kMaxR16 = 16;  // rank up to 256
 
-int rows_per_cta(int dim, int cluster) { return (dim + cluster - 1) / cluster; }
-
-// Bytes of shared memory: fp32 partials (2 buffers), the summed vector, one or two state
-// slices, then the two factor slices in the storage dtype.
-int smem_bytes(int dim, int rank, int cluster, int elem, bool backward) {
-  const int s = rows_per_cta(dim, cluster);
-  const int floats = 3 * kBC * rank + (backward ? 2 : 1) * kBC * s;
-  return floats * 4 + 2 * s * rank * elem;
+// 8 bytes from registers into a peer's shared memory, counted on the peer's mbarrier.
+__device__ __forceinline__ void st_async8(uint32_t remote, uint32_t x, uint32_t y, uint32_t remote_bar) {
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32 [%0], {%1, %2}, [%3];\n" ::"r"(
+          remote),
+      "r"(x), "r"(y), "r"(remote_bar)
+      : "memory");
 }
 
-struct Slice {
-  int S, row0, rows, col0, nb, rank_c, C;
+__device__ __forceinline__ float lo_f(uint32_t v) {
+  return __bfloat162float(__ushort_as_bfloat16(static_cast<unsigned short>(v & 0xFFFFu)));
+}
+__device__ __forceinline__ float hi_f(uint32_t v) {
+  return __bfloat162float(__ushort_as_bfloat16(static_cast<unsigned short>(v >> 16)));
+}
+
+// Shared memory of one CTA: mbarriers [2] | x [8][kX] (h_{t-1}, or d_pre) | p [8][kP] (the
+// summed r-wide vector) | staged inputs [kStages][kIn][8][kX] | receive [2][C][R16][32] uint2.
+template <int KA, int R16, bool kBackward>
+struct Layout {
+  static constexpr int S = 16 * KA;          // rows per CTA
+  static constexpr int RP = 16 * R16;        // padded rank
+  static constexpr int kX = S + 8;           // bf16 per column of x and of a staged input
+  static constexpr int kP = RP + 8;          // bf16 per column of p
+  static constexpr int kIn = kBackward ? 5 : 2;  // forward a, c; backward d_out, c, h_{t-1}, h_t, aux
+  static constexpr int kAM = (R16 + kWarps - 1) / kWarps;  // stage-A tiles per warp
+  static constexpr int kXOff = 16;
+  static constexpr int kPOff = kXOff + kBc * kX * 2;
+  static constexpr int kStageOff = kPOff + kBc * kP * 2;
+  static constexpr int kStageElems = kIn * kBc * kX;
+  static constexpr int kRecvOff = kStageOff + kStages * kStageElems * 2;
+  static constexpr int kTileBytes = 32 * 8;  // one 16-row tile of one source, every lane
+  static int bytes(int cluster) { return kRecvOff + 2 * cluster * R16 * kTileBytes; }
+  static_assert(kXOff % 16 == 0 && kPOff % 16 == 0 && kStageOff % 16 == 0 && kRecvOff % 16 == 0,
+                "16-byte aligned regions (cp.async destinations)");
 };
 
-__device__ __forceinline__ Slice slice_of(const cg::cluster_group& cluster, int dim, int batch) {
-  Slice s;
-  s.C = int(cluster.num_blocks());
-  s.rank_c = int(cluster.block_rank());
-  s.S = (dim + s.C - 1) / s.C;
-  s.row0 = s.rank_c * s.S;
-  s.rows = max(0, min(s.S, dim - s.row0));
-  s.col0 = int(blockIdx.x) / s.C * kBC;
-  s.nb = max(0, min(kBC, batch - s.col0));
-  return s;
-}
+// The CTA's place and its shared memory.
+template <class L>
+struct Cta {
+  unsigned char* base;
+  int C, rank, row0, col0, nb, warp, lane, g, q;
 
-// p[o] = sum over ranks of part[o] (o < nb r), in rank order; rank 0 stores it to dst.
-template <typename T>
-__device__ __forceinline__ void reduce_partials(const cg::cluster_group& cluster, const Slice& s,
-                                                float* part, float* p, int r, T* dst) {
-  for (int o = threadIdx.x; o < s.nb * r; o += kThreads) {
-    float sum = 0.f;
-    for (int cc = 0; cc < s.C; ++cc) sum += cluster.map_shared_rank(part, cc)[o];
-    p[o] = sum;
-    if (s.rank_c == 0) dst[size_t(s.col0) * r + o] = from_float<T>(sum);
+  __device__ Cta(unsigned char* smem, const cg::cluster_group& cluster, int batch) : base(smem) {
+    C = int(cluster.num_blocks());
+    rank = int(cluster.block_rank());
+    row0 = rank * L::S;
+    col0 = int(blockIdx.x) / C * kBc;
+    nb = min(kBc, batch - col0);
+    warp = int(threadIdx.x) >> 5;
+    lane = int(threadIdx.x) & 31;
+    g = lane >> 2;
+    q = lane & 3;
   }
-}
-
-// This CTA's slices of the factors: ik[i][k] and ki[k][i] (i < S a row of I_c, k < r), U in
-// ik and V in ki when `u_in_ik`, the other way round otherwise; rows beyond D are zeros.
-template <typename T>
-__device__ __forceinline__ void load_slices(T* ik, T* ki, const LowRankPersistent& a,
-                                            const Slice& s, bool u_in_ik) {
-  const T* u = static_cast<const T*>(a.u);
-  const T* v = static_cast<const T*>(a.v);
-  const int r = a.rank;
-  for (int o = threadIdx.x; o < s.S * r; o += kThreads) {
-    const int i = o / r, k = o % r;
-    const bool in = i < s.rows;
-    const T uu = in ? u[size_t(s.row0 + i) * r + k] : from_float<T>(0.f);
-    const T vv = in ? v[size_t(k) * a.dim + s.row0 + i] : from_float<T>(0.f);
-    ik[o] = u_in_ik ? uu : vv;
-    ki[k * s.S + i] = u_in_ik ? vv : uu;
+  __device__ uint64_t* bar() const { return reinterpret_cast<uint64_t*>(base); }
+  __device__ bf16* x() const { return reinterpret_cast<bf16*>(base + L::kXOff); }
+  __device__ bf16* p() const { return reinterpret_cast<bf16*>(base + L::kPOff); }
+  __device__ bf16* stage(int step) const {
+    return reinterpret_cast<bf16*>(base + L::kStageOff) + (step % kStages) * L::kStageElems;
   }
-}
+  __device__ uint2* recv(int buf, int src, int tile) const {
+    return reinterpret_cast<uint2*>(base + L::kRecvOff) + ((buf * C + src) * R16() + tile) * 32;
+  }
+  __device__ static constexpr int R16() { return L::RP / 16; }
+  // Lanes whose accumulator columns 2q, 2q + 1 hold a live batch column send them.
+  __device__ int live_quads() const { return min(4, (nb + 1) / 2); }
+  __device__ uint32_t exchange_bytes() const {
+    return uint32_t(C * R16() * 8 * live_quads() * 8);
+  }
 
-template <typename T>
-__global__ void __launch_bounds__(kThreads) lowrank_persistent_forward_kernel(LowRankPersistent a) {
-  cg::cluster_group cluster = cg::this_cluster();
-  const int D = a.dim, B = a.batch, r = a.rank;
-  const Slice s = slice_of(cluster, D, B);
-  extern __shared__ __align__(16) unsigned char smem[];
-  float* part = reinterpret_cast<float*>(smem);  // [2][kBC][r]
-  float* p = part + 2 * kBC * r;                  // [kBC][r]
-  float* hs = p + kBC * r;                        // [kBC][S]
-  T* vt = reinterpret_cast<T*>(hs + kBC * s.S);   // V[:, I_c] transposed: [S][r]
-  T* ut = vt + s.S * r;                           // U[I_c, :] transposed: [r][S]
-  load_slices<T>(vt, ut, a, s, false);
-  const T* h0 = static_cast<const T*>(a.h0);
-  T* h_all = static_cast<T*>(a.h_all);
-  for (int o = threadIdx.x; o < kBC * s.S; o += kThreads) {
-    const int j = o / s.S, i = o % s.S;
-    float h = 0.f;
-    if (j < s.nb && i < s.rows) {
-      const size_t idx = size_t(s.col0 + j) * D + s.row0 + i;
-      h = to_float(h0[idx]);
-      h_all[idx] = h0[idx];
+  // Element e (0..3) of this lane's stage-B accumulators: row i of the CTA, batch column n.
+  __device__ int elem_row(int e) const { return warp * 16 + g + 8 * (e >> 1); }
+  __device__ int elem_col(int e) const { return 2 * q + (e & 1); }
+  __device__ bool live(int e, int dim) const {
+    return row0 + elem_row(e) < dim && elem_col(e) < nb;
+  }
+
+  // Init: mbarriers, zero receive buffers (unsent lanes' slots then hold finite values).
+  __device__ void init() const {
+    if (threadIdx.x == 0) {
+      mbar_init(&bar()[0]);
+      mbar_init(&bar()[1]);
+      mbar_init_fence();
     }
-    hs[o] = h;
+    uint2* r = recv(0, 0, 0);
+    for (int i = int(threadIdx.x); i < 2 * C * R16() * 32; i += kThreads) r[i] = make_uint2(0u, 0u);
+  }
+
+  // Stage step `step`'s kIn input slices (this CTA's rows, live columns) as one cp.async group;
+  // `src(k)` is tensor k's [B][D] plane of that step, nullptr for a tensor the mode does not read.
+  template <class Src>
+  __device__ void stage_inputs(int step, bool skip, int batch, int dim, Src src) const {
+    bf16* dst = stage(step);
+    constexpr int kChunks = kBc * (L::S / 8);
+    for (int c = int(threadIdx.x); !skip && c < L::kIn * kChunks; c += kThreads) {
+      const int k = c / kChunks, n = (c % kChunks) / (L::S / 8), i = (c % (L::S / 8)) * 8;
+      const bf16* plane = src(k);
+      if (plane == nullptr || n >= nb || row0 + i >= dim) continue;
+      const bf16* gp = plane + size_t(col0 + n) * dim + row0 + i;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
+                       smem_u32(dst + (k * kBc + n) * L::kX + i)),
+                   "l"(gp));
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+  }
+  template <int kPending>
+  __device__ static void wait_inputs() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+  }
+  __device__ float staged(int step, int k, int e) const {
+    return __bfloat162float(stage(step)[(k * kBc + elem_col(e)) * L::kX + elem_row(e)]);
+  }
+
+  // A: this warp's tiles of wa times x -> partials, sent to every CTA's buffer `buf`.
+  template <int KA, int AM>
+  __device__ void multiply_and_send(const uint32_t (&wa)[AM][KA][4], int buf) const {
+    if (warp >= R16()) return;
+    float acc[AM][2][4] = {};
+    const bf16* xs = x() + g * L::kX + 2 * q;
+#pragma unroll
+    for (int s = 0; s < KA; ++s) {
+      const uint32_t b0 = *reinterpret_cast<const uint32_t*>(xs + s * 16);
+      const uint32_t b1 = *reinterpret_cast<const uint32_t*>(xs + s * 16 + 8);
+#pragma unroll
+      for (int j = 0; j < AM; ++j)
+        if (warp + j * kWarps < R16()) mma(acc[j][s & 1], wa[j][s], b0, b1);
+    }
+    if (q >= live_quads()) return;
+    const uint32_t bar_local = smem_u32(&bar()[buf]);
+#pragma unroll
+    for (int j = 0; j < AM; ++j) {
+      const int tile = warp + j * kWarps;
+      if (tile >= R16()) continue;
+      const uint32_t lo = pack(__float2bfloat16_rn(acc[j][0][0] + acc[j][1][0]),
+                               __float2bfloat16_rn(acc[j][0][1] + acc[j][1][1]));
+      const uint32_t hi = pack(__float2bfloat16_rn(acc[j][0][2] + acc[j][1][2]),
+                               __float2bfloat16_rn(acc[j][0][3] + acc[j][1][3]));
+      const uint32_t slot = smem_u32(recv(buf, rank, tile) + lane);
+      for (int peer = 0; peer < C; ++peer)
+        st_async8(map_to_rank(slot, uint32_t(peer)), lo, hi, map_to_rank(bar_local, uint32_t(peer)));
+    }
+  }
+
+  // R: this warp's tiles summed over the sources in rank order, rounded to bf16 into p;
+  // CTA 0 stores the live values to dst ([B][r] plane of this step).
+  template <int AM>
+  __device__ void reduce(int buf, int phase, int rank_r, bf16* dst) const {
+    if (warp >= R16()) return;
+    mbar_wait(&bar()[buf], uint32_t(phase));
+#pragma unroll
+    for (int j = 0; j < AM; ++j) {
+      const int tile = warp + j * kWarps;
+      if (tile >= R16()) continue;
+      float s[4] = {0.f, 0.f, 0.f, 0.f};
+      for (int src = 0; src < C; ++src) {
+        const uint2 v = recv(buf, src, tile)[lane];
+        s[0] += lo_f(v.x);
+        s[1] += hi_f(v.x);
+        s[2] += lo_f(v.y);
+        s[3] += hi_f(v.y);
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int k = tile * 16 + g + 8 * (e >> 1), n = 2 * q + (e & 1);
+        const bf16 v = __float2bfloat16_rn(s[e]);
+        p()[n * L::kP + k] = v;
+        if (rank == 0 && n < nb && k < rank_r) dst[size_t(col0 + n) * rank_r + k] = v;
+      }
+    }
+  }
+
+  // B: this warp's 16 rows of wb times p -> the lane's 4 elements (fp32).
+  __device__ void multiply_p(const uint32_t (&wb)[L::RP / 16][4], float (&out)[4]) const {
+    float acc[2][4] = {};
+    const bf16* ps = p() + g * L::kP + 2 * q;
+#pragma unroll
+    for (int k = 0; k < L::RP / 16; ++k) {
+      const uint32_t b0 = *reinterpret_cast<const uint32_t*>(ps + k * 16);
+      const uint32_t b1 = *reinterpret_cast<const uint32_t*>(ps + k * 16 + 8);
+      mma(acc[k & 1], wb[k], b0, b1);
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) out[e] = acc[0][e] + acc[1][e];
+  }
+};
+
+// A fragments: f[j][s] is 16-row tile `tile0 + j * step` by k-step s of the matrix elem(m, k)
+// (elem returns zero outside the factor). Rows g, g + 8; columns 2q, 2q + 1, + 8.
+template <int M, int K, class Elem>
+__device__ __forceinline__ void load_frags(uint32_t (&f)[M][K][4], int tile0, int step, int tiles,
+                                           Elem elem) {
+  const int lane = int(threadIdx.x) & 31, g = lane >> 2, q = lane & 3;
+#pragma unroll
+  for (int j = 0; j < M; ++j)
+#pragma unroll
+    for (int s = 0; s < K; ++s)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int tile = tile0 + j * step;
+        const int m = tile * 16 + g + 8 * (i & 1), k = s * 16 + 2 * q + 8 * (i >> 1);
+        f[j][s][i] = tile < tiles ? pack(elem(m, k), elem(m, k + 1)) : 0u;
+      }
+}
+
+template <int KA, int R16>
+__global__ void __launch_bounds__(kThreads, 1) forward_kernel(LowRankPersistent a) {
+  using L = Layout<KA, R16, false>;
+  cg::cluster_group cluster = cg::this_cluster();
+  extern __shared__ __align__(16) unsigned char smem[];
+  const Cta<L> cta(smem, cluster, a.batch);
+  const int D = a.dim, B = a.batch, r = a.rank, T = a.steps, mode = a.mode;
+  const size_t BD = size_t(B) * D;
+  const bf16* u = static_cast<const bf16*>(a.u);
+  const bf16* v = static_cast<const bf16*>(a.v);
+  const bf16* av = static_cast<const bf16*>(a.a);
+  const bf16* cv = static_cast<const bf16*>(a.c);
+  const bf16* h0 = static_cast<const bf16*>(a.h0);
+  bf16* out = static_cast<bf16*>(a.out);
+  bf16* h_all = static_cast<bf16*>(a.h_all);
+  bf16* p_all = static_cast<bf16*>(a.p_all);
+  bf16* aux = static_cast<bf16*>(a.aux);
+  const bf16 zero = __float2bfloat16_rn(0.f);
+  cta.init();
+  auto inputs = [&](int t) {
+    return [=](int k) -> const bf16* { return (k == 0 ? av : cv) + size_t(t) * BD; };
+  };
+  for (int i = 0; i < kLead; ++i) cta.stage_inputs(i, i >= T, B, D, inputs(i));
+
+  // A: V[m][row0 + k]; B: U[row0 + m][k].
+  uint32_t wa[L::kAM][KA][4];
+  uint32_t wb[1][R16][4];
+  const int row0 = cta.row0;
+  load_frags(wa, cta.warp, kWarps, R16, [&](int m, int k) {
+    return m < r && row0 + k < D ? v[size_t(m) * D + row0 + k] : zero;
+  });
+  load_frags(wb, cta.warp, kWarps, KA, [&](int m, int k) {
+    return k < r && row0 + m < D ? u[size_t(row0 + m) * r + k] : zero;
+  });
+
+  for (int o = int(threadIdx.x); o < kBc * L::S; o += kThreads) {
+    const int n = o / L::S, i = o % L::S;
+    const bool live = n < cta.nb && row0 + i < D;
+    const size_t idx = size_t(cta.col0 + n) * D + row0 + i;
+    cta.x()[n * L::kX + i] = live ? h0[idx] : zero;
+    if (live) h_all[idx] = h0[idx];
+  }
+  const bool epi = cta.warp < KA;  // this warp owns 16 rows in B and the stage
+  float hreg[4], bias[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const bool live = epi && cta.live(e, D);
+    const size_t idx = size_t(cta.col0 + cta.elem_col(e)) * D + row0 + cta.elem_row(e);
+    hreg[e] = live ? __bfloat162float(h0[idx]) : 0.f;
+    bias[e] = live ? __bfloat162float(static_cast<const bf16*>(a.b)[row0 + cta.elem_row(e)]) : 0.f;
   }
   __syncthreads();
-  const T* av = static_cast<const T*>(a.a);
-  const T* cv = static_cast<const T*>(a.c);
-  const T* bv = static_cast<const T*>(a.b);
-  T* out = static_cast<T*>(a.out);
-  T* aux = static_cast<T*>(a.aux);
-  T* p_all = static_cast<T*>(a.p_all);
-  for (int t = 0; t < a.steps; ++t) {
-    float* buf = part + (t & 1) * kBC * r;
-    for (int o = threadIdx.x; o < s.nb * r; o += kThreads) {
-      const int j = o / r, k = o % r;
-      float acc = 0.f;
-      for (int i = 0; i < s.rows; ++i) acc += to_float(vt[i * r + k]) * hs[j * s.S + i];
-      buf[o] = acc;
+  cluster.sync();  // mbarriers initialised and receive buffers zeroed in every CTA
+
+  for (int t = 0; t < T; ++t) {
+    const int buf = t & 1;
+    if (threadIdx.x == 0) mbar_expect(&cta.bar()[buf], cta.exchange_bytes());
+    cta.stage_inputs(t + kLead, t + kLead >= T, B, D, inputs(t + kLead));
+    cta.multiply_and_send(wa, buf);
+    cta.template reduce<L::kAM>(buf, (t >> 1) & 1, r, p_all + size_t(t) * B * r);
+    Cta<L>::template wait_inputs<kLead>();  // step t's inputs landed (this thread's copies)
+    __syncthreads();                        // p complete; every thread's copies visible
+    if (epi) {
+      float qv[4];
+      cta.multiply_p(wb[0], qv);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int n = cta.elem_col(e), i = cta.elem_row(e);
+        const bool live = cta.live(e, D);
+        const float pre = cta.staged(t, 0, e) + qv[e] + bias[e];
+        const StageOut so = lowrank_stage(mode, pre, cta.staged(t, 1, e), hreg[e]);
+        const bf16 hb = __float2bfloat16_rn(so.h);
+        hreg[e] = live ? __bfloat162float(hb) : 0.f;
+        cta.x()[n * L::kX + i] = live ? hb : zero;
+        if (live) {
+          const size_t idx = size_t(t) * BD + size_t(cta.col0 + n) * D + row0 + i;
+          h_all[idx + BD] = hb;
+          out[idx] = __float2bfloat16_rn(so.out);
+          if (mode != kTanhGate) aux[idx] = __float2bfloat16_rn(so.aux);
+        }
+      }
     }
-    cluster.sync();
-    reduce_partials<T>(cluster, s, buf, p, r, p_all + size_t(t) * B * r);
-    __syncthreads();
-    for (int o = threadIdx.x; o < s.nb * s.rows; o += kThreads) {
-      const int j = o / s.rows, i = o % s.rows;
-      float q = 0.f;
-      for (int k = 0; k < r; ++k) q += to_float(ut[k * s.S + i]) * p[j * r + k];
-      const size_t idx = (size_t(t) * B + s.col0 + j) * D + s.row0 + i;
-      const float pre = to_float(av[idx]) + q + to_float(bv[s.row0 + i]);
-      const StageOut st = lowrank_stage(a.mode, pre, to_float(cv[idx]), hs[j * s.S + i]);
-      const T h = from_float<T>(st.h);
-      h_all[idx + size_t(B) * D] = h;
-      out[idx] = from_float<T>(st.out);
-      if (a.mode != kTanhGate) aux[idx] = from_float<T>(st.aux);
-      hs[j * s.S + i] = to_float(h);
-    }
-    __syncthreads();
+    __syncthreads();  // h_t complete for the next step's A; staged slot t free
   }
-  cluster.sync();  // no CTA leaves while a peer may still read its partials
+  cluster.sync();  // no CTA leaves while an exchange into it may be in flight
 }
 
-template <typename T>
-__global__ void __launch_bounds__(kThreads) lowrank_persistent_backward_kernel(LowRankPersistent a) {
+template <int KA, int R16>
+__global__ void __launch_bounds__(kThreads, 1) backward_kernel(LowRankPersistent a) {
+  using L = Layout<KA, R16, true>;
   cg::cluster_group cluster = cg::this_cluster();
-  const int D = a.dim, B = a.batch, r = a.rank;
-  const Slice s = slice_of(cluster, D, B);
   extern __shared__ __align__(16) unsigned char smem[];
-  float* part = reinterpret_cast<float*>(smem);  // [2][kBC][r]
-  float* dp = part + 2 * kBC * r;                 // [kBC][r]
-  float* gs = dp + kBC * r;                       // [kBC][S]: dL/dh on I_c
-  float* dps = gs + kBC * s.S;                    // [kBC][S]: d_pre on I_c
-  T* us = reinterpret_cast<T*>(dps + kBC * s.S);  // U[I_c, :]: [S][r]
-  T* vs = us + s.S * r;                           // V[:, I_c]: [r][S]
-  load_slices<T>(us, vs, a, s, true);
-  const T* d_hT = static_cast<const T*>(a.d_hT);
-  for (int o = threadIdx.x; o < kBC * s.S; o += kThreads) {
-    const int j = o / s.S, i = o % s.S;
-    gs[o] = j < s.nb && i < s.rows ? to_float(d_hT[size_t(s.col0 + j) * D + s.row0 + i]) : 0.f;
-    dps[o] = 0.f;
+  const Cta<L> cta(smem, cluster, a.batch);
+  const int D = a.dim, B = a.batch, r = a.rank, T = a.steps, mode = a.mode;
+  const bool gated = mode != kTanhGate;
+  const size_t BD = size_t(B) * D;
+  const bf16* u = static_cast<const bf16*>(a.u);
+  const bf16* v = static_cast<const bf16*>(a.v);
+  const bf16* cv = static_cast<const bf16*>(a.c);
+  const bf16* h_all = static_cast<const bf16*>(a.h_all);
+  const bf16* auxv = static_cast<const bf16*>(a.aux);
+  const bf16* d_out = static_cast<const bf16*>(a.d_out);
+  const bf16* d_hT = static_cast<const bf16*>(a.d_hT);
+  bf16* d_pre = static_cast<bf16*>(a.d_pre);
+  bf16* d_c = static_cast<bf16*>(a.d_c);
+  bf16* dp_all = static_cast<bf16*>(a.dp_all);
+  bf16* dh0 = static_cast<bf16*>(a.dh0);
+  const bf16 zero = __float2bfloat16_rn(0.f);
+  cta.init();
+  // Staged tensors of step t: d_out, c, h_{t-1}, h_t, aux (the last three's first and last
+  // only in the gated modes).
+  auto inputs = [&](int t) {
+    return [=](int k) -> const bf16* {
+      const size_t o = size_t(t) * BD;
+      switch (k) {
+        case 0: return d_out + o;
+        case 1: return cv + o;
+        case 2: return gated ? h_all + o : nullptr;
+        case 3: return h_all + o + BD;
+        default: return gated ? auxv + o : nullptr;
+      }
+    };
+  };
+  for (int i = 0; i < kLead; ++i) cta.stage_inputs(i, i >= T, B, D, inputs(T - 1 - i));
+
+  // A: U[row0 + k][m] (U^T); B: V[k][row0 + m] (V^T).
+  uint32_t wa[L::kAM][KA][4];
+  uint32_t wb[1][R16][4];
+  const int row0 = cta.row0;
+  load_frags(wa, cta.warp, kWarps, R16, [&](int m, int k) {
+    return m < r && row0 + k < D ? u[size_t(row0 + k) * r + m] : zero;
+  });
+  load_frags(wb, cta.warp, kWarps, KA, [&](int m, int k) {
+    return k < r && row0 + m < D ? v[size_t(k) * D + row0 + m] : zero;
+  });
+
+  const bool epi = cta.warp < KA;
+  float greg[4];  // dL/dh_t of this lane's elements, fp32
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const bool live = epi && cta.live(e, D);
+    greg[e] = live ? __bfloat162float(
+                         d_hT[size_t(cta.col0 + cta.elem_col(e)) * D + row0 + cta.elem_row(e)])
+                   : 0.f;
   }
+  Cta<L>::template wait_inputs<kLead - 1>();  // step T - 1's inputs
   __syncthreads();
-  const T* d_out = static_cast<const T*>(a.d_out);
-  const T* cv = static_cast<const T*>(a.c);
-  const T* h_all = static_cast<const T*>(a.h_all);
-  const T* aux = static_cast<const T*>(a.aux);
-  T* d_pre = static_cast<T*>(a.d_pre);
-  T* d_c = static_cast<T*>(a.d_c);
-  T* dp_all = static_cast<T*>(a.dp_all);
-  const bool gated = a.mode != kTanhGate;
-  for (int t = a.steps - 1; t >= 0; --t) {
-    float* buf = part + (t & 1) * kBC * r;
-    for (int o = threadIdx.x; o < s.nb * s.rows; o += kThreads) {
-      const int j = o / s.rows, i = o % s.rows;
-      const size_t idx = (size_t(t) * B + s.col0 + j) * D + s.row0 + i;
-      const StageGrad st = lowrank_stage_grad(
-          a.mode, to_float(d_out[idx]), to_float(cv[idx]), gated ? to_float(h_all[idx]) : 0.f,
-          to_float(h_all[idx + size_t(B) * D]), gated ? to_float(aux[idx]) : 0.f, gs[j * s.S + i]);
-      const T dpre = from_float<T>(st.d_pre);
-      d_pre[idx] = dpre;
-      d_c[idx] = from_float<T>(st.d_c);
-      dps[j * s.S + i] = to_float(dpre);
-      gs[j * s.S + i] = st.direct;
+  cluster.sync();
+
+  for (int s = 0; s < T; ++s) {  // s-th step from the end: t = T - 1 - s
+    const int t = T - 1 - s, buf = s & 1;
+    if (threadIdx.x == 0) mbar_expect(&cta.bar()[buf], cta.exchange_bytes());
+    cta.stage_inputs(s + kLead, s + kLead >= T, B, D, inputs(t - kLead));
+    float direct[4] = {0.f, 0.f, 0.f, 0.f};
+    if (epi) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int n = cta.elem_col(e), i = cta.elem_row(e);
+        const bool live = cta.live(e, D);
+        const StageGrad sg = lowrank_stage_grad(
+            mode, cta.staged(s, 0, e), cta.staged(s, 1, e), gated ? cta.staged(s, 2, e) : 0.f,
+            cta.staged(s, 3, e), gated ? cta.staged(s, 4, e) : 0.f, greg[e]);
+        const bf16 db = __float2bfloat16_rn(sg.d_pre);
+        cta.x()[n * L::kX + i] = live ? db : zero;
+        direct[e] = live ? sg.direct : 0.f;
+        if (live) {
+          const size_t idx = size_t(t) * BD + size_t(cta.col0 + n) * D + row0 + i;
+          d_pre[idx] = db;
+          d_c[idx] = __float2bfloat16_rn(sg.d_c);
+        }
+      }
     }
-    __syncthreads();
-    for (int o = threadIdx.x; o < s.nb * r; o += kThreads) {
-      const int j = o / r, k = o % r;
-      float acc = 0.f;
-      for (int i = 0; i < s.rows; ++i) acc += dps[j * s.S + i] * to_float(us[i * r + k]);
-      buf[o] = acc;
+    __syncthreads();  // d_pre complete for A
+    cta.multiply_and_send(wa, buf);
+    cta.template reduce<L::kAM>(buf, (s >> 1) & 1, r, dp_all + size_t(t) * B * r);
+    Cta<L>::template wait_inputs<kLead - 1>();  // the next step's inputs landed
+    __syncthreads();                            // dp complete; copies visible; x free
+    if (epi) {
+      float gv[4];
+      cta.multiply_p(wb[0], gv);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) greg[e] = cta.live(e, D) ? gv[e] + direct[e] : 0.f;
     }
-    cluster.sync();
-    reduce_partials<T>(cluster, s, buf, dp, r, dp_all + size_t(t) * B * r);
-    __syncthreads();
-    for (int o = threadIdx.x; o < s.nb * s.rows; o += kThreads) {
-      const int j = o / s.rows, i = o % s.rows;
-      float acc = 0.f;
-      for (int k = 0; k < r; ++k) acc += dp[j * r + k] * to_float(vs[k * s.S + i]);
-      gs[j * s.S + i] += acc;
-    }
-    __syncthreads();
   }
-  T* dh0 = static_cast<T*>(a.dh0);
-  for (int o = threadIdx.x; o < s.nb * s.rows; o += kThreads) {
-    const int j = o / s.rows, i = o % s.rows;
-    dh0[size_t(s.col0 + j) * D + s.row0 + i] = from_float<T>(gs[j * s.S + i]);
+  if (epi) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (cta.live(e, D))
+        dh0[size_t(cta.col0 + cta.elem_col(e)) * D + row0 + cta.elem_row(e)] =
+            __float2bfloat16_rn(greg[e]);
   }
-  cluster.sync();  // no CTA leaves while a peer may still read its partials
+  cluster.sync();
+}
+
+// ---- shapes, plan and launch ---------------------------------------------------------------
+using Kernel = void (*)(LowRankPersistent);
+
+// The padded rank's 16-row tiles: 1, 2, 4, 8 or 16 (0: above 256).
+int rank_tiles(int rank) {
+  const int t = (rank + 15) / 16;
+  for (int p = 1; p <= kMaxR16; p *= 2)
+    if (t <= p) return p;
+  return 0;
+}
+
+Kernel pick(int ka, int r16, bool backward) {
+#define ELMAN_CASE(KA, R16) \
+  if (ka == KA && r16 == R16) return backward ? backward_kernel<KA, R16> : forward_kernel<KA, R16>;
+  ELMAN_CASE(4, 1) ELMAN_CASE(4, 2) ELMAN_CASE(4, 4) ELMAN_CASE(4, 8) ELMAN_CASE(4, 16)
+  ELMAN_CASE(8, 1) ELMAN_CASE(8, 2) ELMAN_CASE(8, 4) ELMAN_CASE(8, 8) ELMAN_CASE(8, 16)
+#undef ELMAN_CASE
+  return nullptr;
+}
+
+template <int KA>
+int smem_ka(int r16, int cluster, bool backward) {
+  switch (r16) {
+#define ELMAN_CASE(R16) \
+  case R16: return backward ? Layout<KA, R16, true>::bytes(cluster) : Layout<KA, R16, false>::bytes(cluster);
+    ELMAN_CASE(1) ELMAN_CASE(2) ELMAN_CASE(4) ELMAN_CASE(8) ELMAN_CASE(16)
+#undef ELMAN_CASE
+    default: return 1 << 30;
+  }
+}
+int smem_of(int ka, int r16, int cluster, bool backward) {
+  return ka == 4 ? smem_ka<4>(r16, cluster, backward) : smem_ka<8>(r16, cluster, backward);
 }
 
 }  // namespace
 
+// The cluster: the fewest CTAs (a power of two, at most 16) of at most 128 rows each, 64 rows
+// a CTA where that covers D. Fewer CTAs exchange fewer partials (each receives C r-wide
+// partials a step); 128 rows keep a warp's chain at 8 mma.
 LowRankPlan lowrank_persistent_plan(int batch, int dim, int rank, bool bf16) {
   LowRankPlan plan;
   if (batch < 1 || dim < 1 || rank < 1) {
@@ -227,24 +505,45 @@ LowRankPlan lowrank_persistent_plan(int batch, int dim, int rank, bool bf16) {
     plan.reason = "the persistent kernels are bf16 only";
     return plan;
   }
-  return plan_clusters<void(LowRankPersistent)>(
-      {lowrank_persistent_forward_kernel<__nv_bfloat16>, lowrank_persistent_backward_kernel<__nv_bfloat16>},
-      {8, 16}, batch, dim, kBC,
-      [&](int cluster) {
-        return max(smem_bytes(dim, rank, cluster, 2, false), smem_bytes(dim, rank, cluster, 2, true));
-      },
-      dim < 8 ? "D is below 8 (one state row per CTA of an 8-CTA cluster at least)"
-              : "the factor slices do not fit one cluster's shared memory at this D and r");
+  if (dim % 8 != 0) {
+    plan.reason = "D must be a multiple of 8 (inputs are staged in 16-byte rows)";
+    return plan;
+  }
+  const int r16 = rank_tiles(rank);
+  if (r16 == 0) {
+    plan.reason = "r above 256 (the factor slices are held in registers)";
+    return plan;
+  }
+  int cluster = 1;
+  while (cluster * 128 < dim) cluster *= 2;
+  if (cluster > 16) {
+    plan.reason = "D above 2048 (at most 16 CTAs of 128 rows)";
+    return plan;
+  }
+  const int ka = dim <= cluster * 64 ? 4 : 8;
+  const int smem = max(smem_of(ka, r16, cluster, false), smem_of(ka, r16, cluster, true));
+  if (!cluster_fits(pick(ka, r16, false), cluster, smem) ||
+      !cluster_fits(pick(ka, r16, true), cluster, smem)) {
+    plan.reason = "the GPU cannot hold one cluster of this shape";
+    return plan;
+  }
+  plan.ok = true;
+  plan.cluster = cluster;
+  plan.clusters = (batch + kBc - 1) / kBc;
+  plan.smem = smem;
+  plan.ka = ka;
+  plan.r16 = r16;
+  return plan;
 }
 
 template <typename T>
 cudaError_t lowrank_persistent_forward(const LowRankPlan& plan, const LowRankPersistent& a) {
-  return launch_clusters(lowrank_persistent_forward_kernel<T>, plan, a);
+  return launch_clusters(pick(plan.ka, plan.r16, false), plan, a);
 }
 
 template <typename T>
 cudaError_t lowrank_persistent_backward(const LowRankPlan& plan, const LowRankPersistent& a) {
-  return launch_clusters(lowrank_persistent_backward_kernel<T>, plan, a);
+  return launch_clusters(pick(plan.ka, plan.r16, true), plan, a);
 }
 
 template cudaError_t lowrank_persistent_forward<__nv_bfloat16>(const LowRankPlan&, const LowRankPersistent&);

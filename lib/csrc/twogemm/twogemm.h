@@ -58,9 +58,9 @@ cudaError_t tape_read_backward(int batch, int slots, int dim, const T* m, float*
 namespace elman {
 
 // ---- the low-rank persistent kernels: one launch runs the whole sequence -----------------
-// A cluster of C CTAs (8 or 16) owns kPersistentColumns batch columns; CTA c owns the state
-// rows [c S, c S + S), S = ceil(D / C), with its slices of U and V in shared memory. Per step
-// the CTAs exchange only r-wide partial sums (persistent.cu).
+// A cluster of C CTAs (1 to 16) owns kPersistentColumns batch columns; CTA c owns the state
+// rows [c S, c S + S), S = 64 or 128, with its slices of U and V in registers. Per step the
+// CTAs exchange only r-wide partial sums, through st.async and mbarriers (persistent.cu).
 constexpr int kPersistentColumns = 8;
 
 struct LowRankPersistent {
@@ -87,11 +87,12 @@ struct LowRankPersistent {
 struct LowRankPlan {
   bool ok = false;
   int cluster = 0, clusters = 0, smem = 0;
+  int ka = 0, r16 = 0;  // low-rank: rows per CTA / 16 and the padded rank / 16
   const char* reason = "";
 };
 
-// Whether (and how) the persistent kernels take this size: bf16 only, both directions must
-// fit. The launchers are instantiated for __nv_bfloat16.
+// Whether (and how) the persistent kernels take this size: bf16, D a multiple of 8 up to
+// 2048, r up to 256; both directions must fit. The launchers are instantiated for __nv_bfloat16.
 LowRankPlan lowrank_persistent_plan(int batch, int dim, int rank, bool bf16);
 
 template <typename T>

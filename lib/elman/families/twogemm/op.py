@@ -15,11 +15,15 @@ Two cells, time-major `[T, B, D]`:
 
 GEMMs are torch/cuBLAS (`torch.mm` into preallocated buffers); the fused stages are the
 kernels of lib/csrc/twogemm. Paths: `persistent` (bf16; low-rank: one launch runs the whole
-sequence, a thread-block cluster whose CTAs own slices of the state and exchange only the
-r-wide partial sums of V h and of d_pre U; lib/csrc/twogemm/persistent.cu), `steps` (the
-loop launched from the stream), `graph` (the same loop captured once per shape in a CUDA
-graph and replayed on static buffers) and `auto` (the persistent kernel where it takes the
-size, else `graph`, or `steps` while the stream is itself being captured). E23's persistent
+sequence, a thread-block cluster whose CTAs own 64- or 128-row slices of the state, hold
+their slices of U and V in registers (tensor-core fragments) and exchange only the r-wide
+partial sums of V h and of d_pre U, by st.async into every peer with no cluster barrier a
+step; D a multiple of 8 up to 2048, r up to 256; lib/csrc/twogemm/persistent.cu and its
+CPU restatement schedule.py), `steps` (the loop launched from the stream), `graph` (the
+same loop captured once per shape in a CUDA graph and replayed on static buffers) and
+`auto` (the low-rank persistent kernel where it takes the size, else `graph`, or `steps`
+while the stream is itself being captured; E23's persistent kernels only when asked, see
+AUTO_PERSISTENT). E23's persistent
 forward (lib/csrc/twogemm/tape_persistent.cu) keeps W_h, W_wr and the tape's columns on chip
 and exchanges the N-wide scores and the D-wide w; its persistent backward
 (tape_persistent_backward.cu) recomputes each segment's tapes on chip from the checkpoints
@@ -60,22 +64,36 @@ def cuda_stages() -> SimpleNamespace:
         tape_write_backward=ext.tape_write_backward, tape_read_backward=ext.tape_read_backward)
 
 
+def supported(B: int, D: int, dtype: torch.dtype, rank: int | None = None,
+              slots: int | None = None) -> tuple[bool, str]:
+    """Whether the persistent kernel takes this size (and why not): the low-rank cell of rank
+    `rank` or the tape cell of `slots` slots."""
+    validate.nonempty("(B, D)", (B, D), "B and D")
+    bf16 = dtype == torch.bfloat16
+    if rank is not None:
+        return tuple(_ext().lowrank_persistent_supported(B, D, rank, bf16))
+    if slots is not None:
+        return tuple(_ext().tape_persistent_supported(B, D, slots, bf16))
+    raise ValueError("plan needs the low-rank cell's rank or the tape cell's slot count")
+
+
+# Which persistent designs `auto` takes. The low-rank kernels (tensor cores, factors in
+# registers, one r-wide exchange a step) are taken wherever they run. E23's persistent
+# kernels compute each state element's W_h w and W_wr w as a D-long scalar loop over shared
+# memory, a dependent chain of D multiply-adds a step (thousands of cycles): not faster than
+# the graph path's cuBLAS GEMMs, so `auto` never takes them; path="persistent" still runs
+# them where they fit (for comparison and parity).
+AUTO_PERSISTENT = {"lowrank": True, "tape": False}
+
+
 def plan(path: str, B: int, D: int, dtype: torch.dtype, rank: int | None = None,
          slots: int | None = None) -> str:
     """Which implementation runs: 'persistent', 'graph' or 'steps', for the low-rank cell of
     rank `rank` or the tape cell of `slots` slots."""
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
-    validate.nonempty("(B, D)", (B, D), "B and D")
-    bf16 = dtype == torch.bfloat16
-    if rank is not None:
-        ok, why = _ext().lowrank_persistent_supported(B, D, rank, bf16)
-        size = f"r={rank}"
-    elif slots is not None:
-        ok, why = _ext().tape_persistent_supported(B, D, slots, bf16)
-        size = f"N={slots}"
-    else:
-        raise ValueError("plan needs the low-rank cell's rank or the tape cell's slot count")
+    ok, why = supported(B, D, dtype, rank, slots)
+    size = f"r={rank}" if rank is not None else f"N={slots}"
     if path == "persistent" and not ok:
         raise ValueError(f"the persistent kernel does not take B={B}, D={D}, {size}, {dtype}: "
                          f"{why}; use path='graph' or 'steps'")
@@ -84,14 +102,14 @@ def plan(path: str, B: int, D: int, dtype: torch.dtype, rank: int | None = None,
         raise ValueError("path='graph' cannot run while the stream is being captured; use 'steps'")
     if path != "auto":
         return path
-    return "persistent" if ok else ("steps" if capturing else "graph")
+    design = "lowrank" if rank is not None else "tape"
+    return "persistent" if ok and AUTO_PERSISTENT[design] else ("steps" if capturing else "graph")
 
 
 def paths(B: int, D: int, dtype: torch.dtype, rank: int | None = None,
           slots: int | None = None) -> list[str]:
     """Every implementation that runs this size (the parity suite checks each)."""
-    persistent = plan("auto", B, D, dtype, rank, slots) == "persistent"
-    return (["persistent"] if persistent else []) + ["graph", "steps"]
+    return (["persistent"] if supported(B, D, dtype, rank, slots)[0] else []) + ["graph", "steps"]
 
 
 def checkpoint_interval(T: int) -> int:
