@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The two-GEMM family on a GPU (H100, about 4 minutes): build the twogemm and dense
+# extensions (in parallel), run the family's GPU tests of the persistent kernels, paths and
+# auto, then time E4, E5, E66, E67lr and E23 (N = 8) beside E1 on every path at
+# (B, D) = (4, 512), (64, 512), (4, 1024), (64, 1024) with issue 24's targets as PASS / MISS.
+#
+#   PYTHONPATH=/tmp/site:$PWD/lib ELMAN_BUILD_DIR=/tmp/elman-build bash dev/twogemm_gpu_check.sh
+#
+# Output, in order: "== build" (build time), "== tests" (pytest's summary), "== latency" (one
+# row per variant and size: forward / forward + backward us a step on each path, auto with the
+# path it took; then PASS / MISS / INFO lines and their count). The rows are also written to
+# $OUT/twogemm_latency.json when OUT is set.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1
+export ELMAN_BUILD_DIR=${ELMAN_BUILD_DIR:-/tmp/elman-build}
+PY=${PYTHON:-python3}
+
+echo "== build"
+start=$(date +%s)
+$PY -c "from elman.core import extension; extension.load('twogemm'); print('elman_twogemm built')" &
+tg=$!
+$PY -c "from elman.core import extension; extension.load('dense'); print('elman_dense built')" &
+de=$!
+ok=1
+wait $tg || ok=0
+wait $de || ok=0
+[ $ok = 1 ] || { echo "BUILD FAILED: rerun with extension.load('twogemm', verbose=True) for the compiler's output"; exit 1; }
+echo "build: $(( $(date +%s) - start )) s"
+
+echo "== tests (pytest -m gpu tests/test_twogemm_gpu.py: persistent, paths, auto, stages)"
+timeout 150 $PY -m pytest -q -m gpu -p no:cacheprovider tests/test_twogemm_gpu.py \
+  -k "persistent or paths or auto or stage_kernels" 2>&1 | tail -25
+
+echo "== latency"
+json=()
+[ -n "${OUT:-}" ] && json=(--json "$OUT/twogemm_latency.json")
+timeout 150 $PY dev/twogemm_latency.py --T 256 --reps 10 "${json[@]}"
