@@ -151,9 +151,10 @@ def sass_mode(before: Path) -> int:
         same_sass += verdict == "identical"
         same_masked += verdict.startswith("identical")
         print(f"{k:34} {r0:44} {r1:44} {verdict}")
-    print(f"\n{len(keys)} kernels: resources equal {same_res}, SASS identical {same_sass}, "
-          f"identical up to parameter offsets {same_masked}")
-    return 0 if same_res == len(keys) else 1
+    both = sum(k in old[0] and k in new[0] for k in keys)
+    print(f"\n{len(keys)} kernels, {both} in both trees: resources equal {same_res}, SASS "
+          f"identical {same_sass}, identical up to parameter offsets {same_masked}")
+    return 0 if same_res == both else 1
 
 
 # ---- GPU mode ---------------------------------------------------------------------------
