@@ -15,8 +15,8 @@ default; 63d: 0). No spectral normalisation (the specification lists no radius f
 
 The CUDA cell is the dense family's nonlinear-delta op (families/dense/delta.py): the input
 side [W_x; W_alpha; (W_beta)] x + biases is one GEMM for all steps; the recurrence runs on the
-dense family's persistent kernels for 63a, 63b, 63d in bf16 (W_h in registers; D = 256..1024
-in one cluster, D = 2048 on the grid design, B <= 64) and otherwise per step: one GEMM with
+dense family's persistent kernels for 63a, 63b, 63d in bf16 at the sizes the family's
+predicate takes (families/dense/op.persistent_size) and otherwise per step: one GEMM with
 [W_h; (U_alpha; U_beta)] and one fused elementwise kernel (graph and steps paths; every size,
 fp32 and bf16). 63c has no persistent path (delta.NO_PERSISTENT_63C says why).
 """
