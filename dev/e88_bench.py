@@ -1,5 +1,6 @@
 """The E88 recurrence at the seed study's 480M shape (B = 16, T = 512, H = 83, n = v = 32, bf16),
-every kernel layout the op takes, and the floor numbers measured on the same GPU: the time to
+every kernel layout the op takes (the warp kernels, the tiled kernels beside them, the column
+groups), and the floor numbers measured on the same GPU: the time to
 copy the bytes the forward must move (q, k, v, decay in, o out) and the backward's (q, k, v,
 decay, d_o in, dq, dk, dv, d decay out). Run by dev/e88_gpu_check.sh; prints a table."""
 from __future__ import annotations
@@ -35,8 +36,7 @@ def main() -> None:
     print(f"E88 recurrence, B={B} T={T} H={H} n={n} v={v}, bf16 q/k/v, fp32 state and decay")
     print(f"{'layout':<28} {'K':>3} {'fwd ms':>8} {'bwd ms':>8} {'bwd/fwd':>8} {'fwd+bwd':>8} {'peak MB':>8}")
     for K in a.K:
-        layouts = [(0, 0), (0, K), (0, max(1, K // 4)), (4, 0)] if op.tiled(n, v) else [(4, 0)]
-        for group, slots in layouts:
+        for group, slots in _layouts(n, v, K):
             rec = _time(sets, T, B, H, n, v, K, group, slots)
             print(f"{bench.impl_name(group, n, v, slots):<28} {K:>3} {rec[0]:8.3f} {rec[1]:8.3f} "
                   f"{rec[1] / rec[0]:8.2f} {rec[2]:8.3f} {rec[3]:8.0f}")
@@ -51,6 +51,17 @@ def main() -> None:
           "one pass, backward one more when slots >= K, plus (K / slots - 1) / 2 passes when fewer")
     print(f"floor, FP32 issue: forward ~3, backward ~13 FMA-pipe ops a state element a step = "
           f"{tanh * 16 / (128 * sm) / 1e3:.0f} k clocks for forward + backward")
+
+
+def _layouts(n: int, v: int, K: int) -> list[tuple[int, int]]:
+    """(group, slots): the default; the warp kernels with K slots (one recompute a chunk) and with
+    K / 4; the tiled kernels with their automatic slots and K / 4; the column groups."""
+    out = [(0, 0)]
+    if op.warp(n, v):
+        out += [(op.WARP, K), (op.WARP, max(1, K // 4))]
+    if op.TILED in op.layouts(n, v):
+        out += [(op.TILED, 0), (op.TILED, max(1, K // 4))]
+    return out + [(op.COLUMNS, 0)]
 
 
 def _time(sets, T, B, H, n, v, K, group, slots):

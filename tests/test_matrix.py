@@ -220,8 +220,21 @@ def test_op_validates_before_launch():
     with pytest.raises(ValueError, match="decay"):
         op.recurrence(**dict(kw, decay=kw["decay"][..., None]))
     with pytest.raises(ValueError, match="group"):
-        op.recurrence(**kw, group=2)
-    assert op.groups(64) == (0, 4) and op.tiled(32, 32) and not op.tiled(96, 32) and not op.tiled(32, 32, 4)
+        op.recurrence(**kw, group=3)
+    assert op.groups(64) == (0, 4)
+
+
+def test_layouts_resolve():
+    assert op.layouts(32, 32) == (0, op.WARP, op.TILED, op.COLUMNS)
+    assert op.layouts(32, 64) == (0, op.TILED, op.COLUMNS) and op.layouts(96, 32) == (0, op.COLUMNS)
+    assert [op.layout_name(32, 32, g) for g in op.layouts(32, 32)] == ["warp", "warp", "tiled", "G4"]
+    assert op.layout_name(64, 64) == "tiled" and op.layout_name(128, 32) == "G4"
+    assert op.warp(24, 24) and not op.warp(16, 32) and not op.tiled(32, 32) and op.tiled(32, 32, op.TILED)
+    from elman.families.matrix import bench
+    assert bench.impl_name(0, 32, 32, 16) == "cuda:matrix:warp:slots16"
+    assert bench.impl_name(op.TILED, 32, 32) == "cuda:matrix:tiled" and bench.impl_name(4, 32, 32, 3) == "cuda:matrix:G4"
+    assert bench.layouts(32, 32, 16) == [(0, 0), (0, 16), (op.TILED, 0), (op.COLUMNS, 0)]
+    assert bench.layouts(128, 128, 16) == [(0, 0), (op.COLUMNS, 0)]
 
 
 def test_parity_cases_build_on_cpu():

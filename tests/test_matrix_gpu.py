@@ -29,9 +29,10 @@ def _inputs(T, B, H, n, v, column=False, beta=True, seed=0):
 @pytest.mark.parametrize("step", ref.STEPS)
 @pytest.mark.parametrize("column,beta", [(False, True), (False, False), (True, False)])
 @pytest.mark.parametrize("K", [1, 4, 16])
-@pytest.mark.parametrize("group", op.groups(32))
-def test_op_matches_the_schedule_fp32(step, column, beta, K, group):
-    kw = _inputs(19, 2, 3, 16, 32, column, beta)
+@pytest.mark.parametrize("n,v,group", [(16, 32, g) for g in op.layouts(16, 32)]
+                         + [(n, n, op.WARP) for n in op.WARP_SIZES])
+def test_op_matches_the_schedule_fp32(step, column, beta, K, n, v, group):
+    kw = _inputs(19, 2, 3, n, v, column, beta)
     plain = {k: None if t is None else t.detach().float() for k, t in kw.items()}
     o, S_T = op.recurrence(**plain, step=step, K=K, group=group)
     o_ref, S_ref, ckpt = schedule.forward(**{k: None if t is None else t.detach() for k, t in kw.items()},
@@ -96,9 +97,10 @@ def test_unsupported_sizes_raise_before_launch():
                     S_T, ckpt, 0, 16)
 
 
-def test_outputs_are_fully_written():
+@pytest.mark.parametrize("n,v", [(24, 48), (32, 32), (24, 24)])
+def test_outputs_are_fully_written(n, v):
     from elman.core import extension
-    kw = {k: None if t is None else t.detach().float() for k, t in _inputs(21, 2, 3, 24, 48).items()}
+    kw = {k: None if t is None else t.detach().float() for k, t in _inputs(21, 2, 3, n, v).items()}
     with extension.poisoned():
         o, S_T, ckpt = op.forward(kw["q"], kw["k"], kw["v"], kw["decay"], kw["beta"], kw["h0"], "tanh", 16)
         grads = op.backward(kw["q"], kw["k"], kw["v"], kw["decay"], kw["beta"], ckpt, torch.randn_like(o),
@@ -133,9 +135,12 @@ def test_layer_under_bf16_autocast_matches_the_fp32_reference(level):
 
 @pytest.mark.parametrize("column,beta", [(False, True), (True, False)])
 @pytest.mark.parametrize("n,v,K,slots", [(32, 32, 16, 0), (32, 32, 16, 5), (16, 64, 8, 3), (64, 64, 16, 0),
-                                         (24, 48, 4, 0), (8, 8, 16, 1), (32, 32, 16, 16)])
-@pytest.mark.parametrize("group", op.GROUPS)
+                                         (24, 48, 4, 0), (8, 8, 16, 1), (32, 32, 16, 16), (24, 24, 16, 0),
+                                         (16, 16, 4, 3), (32, 32, 8, 3)])
+@pytest.mark.parametrize("group", (0, op.TILED, op.COLUMNS))
 def test_backward_matches_the_schedule_fp32(column, beta, n, v, K, slots, group):
+    if group not in op.layouts(n, v):
+        pytest.skip(f"group {group} does not run at n={n}, v={v}")
     kw = {k: None if t is None else t.detach().float() for k, t in _inputs(37, 2, 3, n, v, column, beta).items()}
     o, S_T, ckpt = op.forward(kw["q"], kw["k"], kw["v"], kw["decay"], kw["beta"], kw["h0"], "tanh", K, group)
     g = torch.Generator(device="cuda").manual_seed(5)
@@ -148,3 +153,33 @@ def test_backward_matches_the_schedule_fp32(column, beta, n, v, K, slots, group)
     for name, a, b in zip(("dq", "dk", "dv", "d_decay", "d_beta", "dh0"), got, want):
         if b is not None:
             torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_warp_kernels_match_the_tiled_ones(dtype):
+    """The 480M geometry's layout (n = v = 32) in both dtypes against the tiled kernels, a chunk
+    boundary inside T, every output and gradient."""
+    kw = {k: None if t is None else t.detach() for k, t in _inputs(45, 2, 5, 32, 32).items()}
+    x = {k: kw[k].to(DTYPES[dtype]) for k in ("q", "k", "v")}
+    g = torch.Generator(device="cuda").manual_seed(3)
+    d_o = torch.randn(45, 2, 5, 32, device="cuda", generator=g).to(DTYPES[dtype])
+    d_S = torch.randn(2, 5, 32, 32, device="cuda", generator=g)
+    out = {}
+    for group in (op.WARP, op.TILED):
+        o, S_T, ckpt = op.forward(x["q"], x["k"], x["v"], kw["decay"], kw["beta"], kw["h0"], "tanh", 16, group)
+        grads = op.backward(x["q"], x["k"], x["v"], kw["decay"], kw["beta"], ckpt, d_o, d_S, "tanh", 16, group)
+        out[group] = (o, S_T, ckpt, *grads)
+    tol = 1e-5 if dtype == "float32" else 2e-2
+    for a, b in zip(out[op.WARP], out[op.TILED]):
+        torch.testing.assert_close(a.float(), b.float(), rtol=tol, atol=tol)
+
+
+def test_warp_kernels_fall_back_on_unaligned_tensors():
+    kw = {k: None if t is None else t.detach().float() for k, t in _inputs(20, 2, 3, 32, 32).items()}
+    wide = torch.cat([kw["decay"][:1], kw["decay"]])[1:]      # a view 4 * B * H bytes in: not 16-aligned
+    assert wide.data_ptr() % 16 and torch.equal(wide, kw["decay"])
+    args = (kw["q"], kw["k"], kw["v"])
+    o, S_T, _ = op.forward(*args, wide, kw["beta"], kw["h0"], "tanh", 16, op.WARP)
+    o_ref, S_ref, _ = op.forward(*args, kw["decay"], kw["beta"], kw["h0"], "tanh", 16, op.WARP)
+    torch.testing.assert_close(o, o_ref, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(S_T, S_ref, rtol=1e-6, atol=1e-6)

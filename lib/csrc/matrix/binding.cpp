@@ -42,9 +42,11 @@ Call check_call(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     value_error("step must be an index of the step table (0.." + num(elman::matrix_step_count() - 1) +
                 "), got " + num(step));
   if (K < 1) value_error("the checkpoint interval K must be at least 1, got " + num(K));
-  if (!elman::matrix_group_ok(int(group), int(vd)))
-    value_error("group must be 0 (the tiled kernels where they fit) or " + num(elman::kMatrixGroup) +
-                " (threads per value column), got " + num(group));
+  if (!elman::matrix_group_ok(int(group), int(n), int(vd)))
+    value_error("group must be 0 (the fastest layout that runs), " + num(elman::kMatrixWarp) +
+                " (one warp a head; square n = v <= 32), " + num(elman::kMatrixTiled) +
+                " (tiled; n, v <= 64) or " + num(elman::kMatrixGroup) + " (threads per value column); got " +
+                num(group) + " at n=" + num(n) + ", v=" + num(vd));
   if (T * B * H * std::max(n, vd) >= (int64_t(1) << 31))
     value_error("T * B * H * max(n, v) must be below 2^31, got " + num(T * B * H * std::max(n, vd)));
   const elman::check::Tensors f32{k.device(), at::kFloat};
@@ -106,13 +108,13 @@ void backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
   const c10::cuda::CUDAGuard guard(k.device());
   elman::MatrixArgs a = args_of(c, q, k, v, decay, beta, step, K, group);
   a.slots = int(std::min<int64_t>(slots, K));
-  // The column-group kernels replay each chunk into a global scratch; the tiled ones keep it on chip.
-  const int64_t steps = elman::matrix_tiled(a, true) ? 0 : std::min(K, c.T) + 1;
-  const at::Tensor scratch = at::empty({c.B * c.H, steps, c.n, c.v}, ckpt.options());
   a.ckpt = ckpt.data_ptr<float>(), a.d_o = d_o.data_ptr(), a.d_ST = d_ST.data_ptr<float>();
-  a.scratch = scratch.data_ptr<float>(), a.dq = dq.data_ptr(), a.dk = dk.data_ptr();
-  a.dv = dv.data_ptr(), a.d_decay = d_decay.data_ptr<float>(), a.dh0 = dh0.data_ptr<float>();
-  a.d_beta = d_beta ? d_beta->data_ptr<float>() : nullptr;
+  a.dq = dq.data_ptr(), a.dk = dk.data_ptr(), a.dv = dv.data_ptr(), a.d_decay = d_decay.data_ptr<float>();
+  a.dh0 = dh0.data_ptr<float>(), a.d_beta = d_beta ? d_beta->data_ptr<float>() : nullptr;
+  // The column-group kernels replay each chunk into a global scratch; the others keep it on chip.
+  const int64_t steps = elman::matrix_layout(a, true) == elman::kMatrixGroup ? std::min(K, c.T) + 1 : 0;
+  const at::Tensor scratch = at::empty({c.B * c.H, steps, c.n, c.v}, ckpt.options());
+  a.scratch = scratch.data_ptr<float>();
   elman::check::cuda(elman::matrix_backward(a), "matrix backward");
 }
 

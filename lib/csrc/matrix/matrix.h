@@ -40,18 +40,31 @@ struct MatrixArgs {
   cudaStream_t stream = nullptr;
 };
 
-// Two kernel layouts (recurrence.cuh): the tiled kernels (a warp owns whole state columns; n, v
-// <= 64 and the staged chunk within shared memory), and the column-group kernels (4 threads a
-// value column, n / 4 rows each; every supported size). group = 0 takes the tiled kernels where
-// they fit, group = 4 forces the column-group kernels (the tests and the benchmark compare both).
+// Three kernel layouts: the warp kernels (warp.cuh: one warp a head, square n = v <= 32), the
+// tiled kernels (recurrence.cuh: a warp owns whole state columns, several warps a head; n, v <= 64
+// and the staged chunk within shared memory) and the column-group kernels (4 threads a value
+// column, n / 4 rows each; every supported size). `group` picks: 0 the first that runs of warp,
+// tiled, column groups; 1 (kMatrixWarp) the warp kernels where they run, else as 0; 2
+// (kMatrixTiled) the tiled kernels where they fit, else the column groups; 4 the column groups.
+// The tests and the benchmark compare them. All write and read the same checkpoints, so the
+// forward and the backward choose independently.
 constexpr int kMatrixThreads = 512;
 constexpr int kMatrixGroup = 4;
+constexpr int kMatrixWarp = 1;
+constexpr int kMatrixTiled = 2;
 // Threads per value column of the gated kernels (gated.cu): 8 up to v = 64, else 4.
 constexpr int matrix_group(int v) { return v <= 64 ? 8 : 4; }
-constexpr bool matrix_group_ok(int group, int v) { return group == 0 || group == kMatrixGroup; }
-// Whether the tiled kernels run this call (forward or backward), and the backward's slots.
-bool matrix_tiled(const MatrixArgs& a, bool backward);
+// Whether `group` is a layout the op takes at (n, v) (1 needs the warp kernels' sizes, 2 n, v <= 64).
+bool matrix_group_ok(int group, int n, int v);
+// The layout that runs this call (forward or backward): kMatrixWarp, kMatrixTiled or kMatrixGroup.
+int matrix_layout(const MatrixArgs& a, bool backward);
+// The tiled backward's slots.
 int matrix_slots(const MatrixArgs& a);
+// The warp kernels (warp.cu): the sizes they take, whether they run this call (sizes and 16-byte
+// aligned tensors), and their launcher.
+bool matrix_warp_fits(int n, int v);
+bool matrix_warp_runs(const MatrixArgs& a, bool backward);
+cudaError_t matrix_warp_run(const MatrixArgs& a, bool backward);
 
 int matrix_step_count();
 const char* matrix_step_name(int step);

@@ -1,8 +1,9 @@
-// Launchers of the matrix family's recurrence (recurrence.cuh): the tiled kernels where they fit
-// (dispatch on the lane tile: row groups A, rows NR and columns NC a lane), else the column-group
-// kernels (dispatch on the rows per thread R = n / 4); then on the compute dtype and the step
-// functor of steps.cuh. Both layouts write and read the same checkpoints, so the forward and the
-// backward choose independently.
+// Launchers of the matrix family's recurrence: the warp kernels (warp.cu) where `matrix_layout`
+// takes them, the tiled kernels of recurrence.cuh where they fit (dispatch on the lane tile: row
+// groups A, rows NR and columns NC a lane), else the column-group kernels (dispatch on the rows
+// per thread R = n / 4); then on the compute dtype and the step functor of steps.cuh. Every
+// layout writes and reads the same checkpoints, so the forward and the backward choose
+// independently.
 #include <cuda_bf16.h>
 
 #include "matrix/matrix.h"
@@ -115,7 +116,8 @@ cudaError_t launch(const MatrixArgs& a, bool backward) {
 
 template <typename T, class Step>
 cudaError_t by_rows(const MatrixArgs& a, bool backward) {
-  if (matrix_tiled(a, backward)) return backward ? tiled_backward<T, Step>(a) : tiled_forward<T, Step>(a);
+  if (matrix_layout(a, backward) == kMatrixTiled)
+    return backward ? tiled_backward<T, Step>(a) : tiled_forward<T, Step>(a);
   switch (a.n / kMatrixGroup) {
     case 2: return launch<2, T, Step>(a, backward);
     case 4: return launch<4, T, Step>(a, backward);
@@ -135,15 +137,10 @@ cudaError_t by_dtype(const MatrixArgs& a, bool backward) {
 }
 
 cudaError_t run(const MatrixArgs& a, bool backward) {
-  if (!matrix_supported(a.n, a.v, nullptr) || !matrix_group_ok(a.group, a.v) || a.K < 1 || a.T < 1)
+  if (!matrix_supported(a.n, a.v, nullptr) || !matrix_group_ok(a.group, a.n, a.v) || a.K < 1 || a.T < 1)
     return cudaErrorInvalidValue;
-#define ELMAN_MATRIX_CASE(id, functor, name) \
-  case id: return by_dtype<functor>(a, backward);
-  switch (a.step) {
-    ELMAN_MATRIX_STEPS(ELMAN_MATRIX_CASE)
-    default: return cudaErrorInvalidValue;
-  }
-#undef ELMAN_MATRIX_CASE
+  if (matrix_layout(a, backward) == kMatrixWarp) return matrix_warp_run(a, backward);
+  return with_step(a.step, [&](auto step) { return by_dtype<decltype(step)>(a, backward); });
 }
 
 }  // namespace
@@ -172,9 +169,19 @@ bool matrix_supported(int n, int v, const char** why) {
   return true;
 }
 
-bool matrix_tiled(const MatrixArgs& a, bool backward) {
-  if (a.group != 0 || a.n > 64 || a.v > 64) return false;
-  return backward ? backward_bytes(a, 1) <= kSharedLimit : forward_bytes(a) <= kSharedLimit;
+bool matrix_group_ok(int group, int n, int v) {
+  if (group == 0 || group == kMatrixGroup) return true;
+  if (group == kMatrixWarp) return matrix_warp_fits(n, v);
+  if (group == kMatrixTiled) return n <= 64 && v <= 64;
+  return false;
+}
+
+int matrix_layout(const MatrixArgs& a, bool backward) {
+  if ((a.group == 0 || a.group == kMatrixWarp) && matrix_warp_runs(a, backward)) return kMatrixWarp;
+  if (a.group != kMatrixGroup && a.n <= 64 && a.v <= 64 &&
+      (backward ? backward_bytes(a, 1) : forward_bytes(a)) <= kSharedLimit)
+    return kMatrixTiled;
+  return kMatrixGroup;
 }
 
 int matrix_slots(const MatrixArgs& a) {

@@ -4,6 +4,8 @@
 // ELMAN_MATRIX_STEPS; the kernels of recurrence.cuh are instantiated for every entry.
 #pragma once
 
+#include <cuda_runtime.h>
+
 #include "common/math.cuh"
 
 namespace elman {
@@ -31,5 +33,17 @@ struct LinearStep {
 #define ELMAN_MATRIX_STEPS(X) \
   X(0, TanhStep, "tanh")      \
   X(1, LinearStep, "linear")
+
+// f(Functor{}) for the functor of step id `step`; cudaErrorInvalidValue for an unknown id.
+template <class F>
+cudaError_t with_step(int step, F&& f) {
+#define ELMAN_MATRIX_CASE(id, functor, name) \
+  case id: return f(functor{});
+  switch (step) {
+    ELMAN_MATRIX_STEPS(ELMAN_MATRIX_CASE)
+    default: return cudaErrorInvalidValue;
+  }
+#undef ELMAN_MATRIX_CASE
+}
 
 }  // namespace elman

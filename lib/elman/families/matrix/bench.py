@@ -33,11 +33,22 @@ def last_impl() -> str:
 
 
 def impl_name(group: int, n: int, v: int, slots: int = 0) -> str:
-    """'cuda:matrix:tiled' (with ':slots<s>' where the backward's slots were set) or
-    'cuda:matrix:G4' (four threads a value column), the default resolved."""
-    if op.tiled(n, v, group):
-        return "cuda:matrix:tiled" + (f":slots{slots}" if slots else "")
-    return "cuda:matrix:G4"
+    """'cuda:matrix:warp', 'cuda:matrix:tiled' (each with ':slots<s>' where the backward's slots
+    were set) or 'cuda:matrix:G4' (four threads a value column), the default resolved."""
+    name = op.layout_name(n, v, group)
+    return f"cuda:matrix:{name}" + (f":slots{slots}" if slots and name != "G4" else "")
+
+
+def layouts(n: int, v: int, K: int) -> list[tuple[int, int]]:
+    """(group, slots) of every layout timed at (n, v): the default, the default with K slots
+    (one recompute a chunk) where it keeps its states on chip, the tiled kernels where the warp
+    kernels are the default, and the column groups."""
+    out = [(0, 0)]
+    if op.layout_name(n, v) != "G4":
+        out.append((0, K))
+    if op.warp(n, v) and op.TILED in op.layouts(n, v):
+        out.append((op.TILED, 0))
+    return out + [(op.COLUMNS, 0)]
 
 
 def geometry(entry: Entry, D: int) -> tuple[int, int, int, str]:
@@ -88,8 +99,7 @@ def cell_records(entry: Entry, B: int, D: int, T: int = T_DEFAULT, reps: int = 3
     n_sets = 2 if quick else rotation(moved["bwd_bytes"])
     sets = _sets(T, B, H, n, v, decay, n_sets, torch.bfloat16)
     out = []
-    layouts = [(0, 0)] + ([(0, K)] if op.tiled(n, v) else []) + [(4, 0)]
-    for group, slots in layouts:   # every kernel layout the op takes here; tiled with K slots too
+    for group, slots in layouts(n, v, K):
         out.append(_time(entry, sets, T, B, D, H, n, v, K, group, slots, reps, moved))
     del sets
     torch.cuda.empty_cache()

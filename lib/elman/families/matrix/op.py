@@ -8,16 +8,19 @@ backward (q, k, v, decay, beta | None, ckpt, d_o, d_S_T, step, K) -> (dq, dk, dv
 
 q, k [T, B, H, n] and v [T, B, H, v] are float32 or bfloat16 (o and dq, dk, dv take their
 dtype); decay ([T, B, H] or [T, B, H, v]), beta [T, B, H], h0 [B, H, n, v], S_T and the
-checkpoints are float32 (`recurrence` casts them, so the decay is never rounded to bf16). One
-CTA per (batch, head) keeps the head's state in registers. Up to n, v = 64 (group 0) the tiled
-kernels run: a warp owns whole state columns (a lane a block of rows x columns), each chunk's
-inputs are staged in shared memory one chunk ahead, the backward recomputes up to `slots` states
-of a chunk into shared memory and walks them back with S_t and dS in registers. Beyond, or with
-group = 4, 4 threads a value column each own n / 4 rows and the backward replays each chunk into
-a global scratch. Both store the state every K steps and read the same checkpoints
-(`schedule.py` is the schedule in PyTorch, sub-chunks of `slots` included). With bf16 tensors the tanh step runs the
-hardware's tanh.approx (relative error 2^-11, far inside the bf16 tolerance; the backward
-differentiates the states it recomputes the same way), with fp32 tensors tanhf. Every input goes
+checkpoints are float32 (`recurrence` casts them, so the decay is never rounded to bf16). Three
+thread layouts (`group`; 0 takes the first that runs): the warp kernels (square n = v <= 32) give
+each head one warp, a lane a block of n / 4 rows x n / 8 columns, inputs read one step ahead into
+registers, no CTA barrier; the backward recomputes up to `slots` states of a chunk into the warp's
+shared memory (as many as keep the whole grid resident) and walks them back with S_t and dS in
+registers. The tiled kernels (n, v <= 64) give a head several warps that own whole state columns,
+stage each chunk's inputs in shared memory one chunk ahead and sum columns through shared memory
+once a step. The column-group kernels (every size) give a value column 4 threads of n / 4 rows
+and replay each chunk into a global scratch. All store the state every K steps and read the same
+checkpoints (`schedule.py` is the schedule in PyTorch, sub-chunks of `slots` included). With
+bf16 tensors the tanh step runs the hardware's tanh.approx (relative error 2^-11, far inside the
+bf16 tolerance; the backward differentiates the states it recomputes the same way), with fp32
+tensors tanhf. Every input goes
 through elman.core.validate before the extension is loaded.
 """
 from __future__ import annotations
@@ -32,18 +35,39 @@ CHECKPOINT = 16                                   # K: steps between stored stat
 SIZES = (8, 16, 24, 32, 48, 64, 96, 128)          # n and v the kernels take (every pair)
 DTYPES = (torch.float32, torch.bfloat16)
 STATE_DTYPES = (torch.float32, torch.bfloat16, torch.float64)
-GROUPS = (0, 4)  # 0: the tiled kernels where they fit (n, v <= 64); 4: threads a value column
+GROUPS = (0, 4)  # 0: the fastest layout that runs; 4: threads a value column (every size)
+WARP, TILED, COLUMNS = 1, 2, 4                   # the explicit layouts (matrix.h)
+WARP_SIZES = (8, 16, 24, 32)                      # square n = v the warp kernels take
 TILED_MAX = 64
 
 
 def groups(v: int) -> tuple[int, ...]:
-    """The kernel layouts the op takes at this v (0 = default first)."""
+    """The kernel layouts every (n, v) takes at this v (0 = default first); the parity cases
+    run each."""
     return GROUPS
+
+
+def layouts(n: int, v: int) -> tuple[int, ...]:
+    """Every `group` the op takes at (n, v): 0, WARP where the warp kernels fit, TILED where the
+    tiled ones do, COLUMNS."""
+    return ((0,) + ((WARP,) if warp(n, v) else ()) + ((TILED,) if n <= TILED_MAX and v <= TILED_MAX else ())
+            + (COLUMNS,))
+
+
+def warp(n: int, v: int, group: int = 0) -> bool:
+    """Whether group `group` runs the warp kernels at (n, v) (16-byte aligned tensors, as the op
+    allocates and `validate.aligned` makes them)."""
+    return group in (0, WARP) and n == v and n in WARP_SIZES
 
 
 def tiled(n: int, v: int, group: int = 0) -> bool:
     """Whether group `group` runs the tiled kernels at this (n, v)."""
-    return group == 0 and n <= TILED_MAX and v <= TILED_MAX
+    return group in (0, TILED) and not warp(n, v, group) and n <= TILED_MAX and v <= TILED_MAX
+
+
+def layout_name(n: int, v: int, group: int = 0) -> str:
+    """'warp', 'tiled' or 'G4': the layout group `group` runs at (n, v)."""
+    return "warp" if warp(n, v, group) else "tiled" if tiled(n, v, group) else "G4"
 
 
 def supported(n: int, v: int) -> bool:
@@ -71,9 +95,10 @@ def validate_call(q, k, v, decay, beta, h0, step: str, K: int, group: int = 0) -
     if not supported(n, vd):
         raise ValueError(f"the matrix kernels take n and v in {SIZES}, got n={n}, v={vd}; "
                          "use backend='reference' for other sizes")
-    if group not in groups(vd):
-        raise ValueError(f"group must be one of {groups(vd)} (0: tiled kernels where they fit, 4: threads "
-                         f"a value column), got {group!r}")
+    if group not in layouts(n, vd):
+        raise ValueError(f"group must be one of {layouts(n, vd)} at n={n}, v={vd} (0: the fastest layout "
+                         f"that runs, {WARP}: one warp a head, square n = v in {WARP_SIZES}, {TILED}: tiled, "
+                         f"n, v <= {TILED_MAX}, {COLUMNS}: threads a value column), got {group!r}")
     validate.size_limit("T * B * H * v", T * B * H * vd)
     validate.dtypes({"q": q, "k": k, "v": v}, DTYPES)
     validate.dtypes({"decay": decay}, STATE_DTYPES)
@@ -101,9 +126,9 @@ def forward(q, k, v, decay, beta, h0, step: str, K: int, group: int = 0):
 
 
 def backward(q, k, v, decay, beta, ckpt, d_o, d_ST, step: str, K: int, group: int = 0, slots: int = 0):
-    """The raw backward: (dq, dk, dv, d_decay, d_beta or None, dh0). `slots`: states the tiled
-    backward keeps in shared memory per sub-chunk (0: the most within its budget; fewer than K
-    recomputes the chunk's head once more per sub-chunk)."""
+    """The raw backward: (dq, dk, dv, d_decay, d_beta or None, dh0). `slots`: states the warp or
+    tiled backward keeps in shared memory per sub-chunk (0: the most within its budget; fewer
+    than K recomputes the chunk's head once more per sub-chunk)."""
     dq, dk, dv = ops.empty(q.shape, q), ops.empty(k.shape, k), ops.empty(v.shape, v)
     dd, dh0 = ops.empty(decay.shape, decay), ops.empty(d_ST.shape, d_ST)
     db = None if beta is None else ops.empty(beta.shape, beta)
@@ -134,7 +159,7 @@ class _Recurrence(torch.autograd.Function):
 def recurrence(q, k, v, decay, beta, h0, step: str = "tanh", K: int = CHECKPOINT, group: int = 0):
     """The CUDA recurrence: (o [T, B, H, v] in q's dtype, S_T [B, H, n, v] float32). decay,
     beta and h0 are computed with in float32 (cast here, differentiably). `group` picks the
-    threads per value column (`groups(v)`; 0 = the default)."""
+    thread layout (`layouts(n, v)`; 0 = the default)."""
     validate_call(q, k, v, decay, beta, h0, step, K, group)
     f32 = lambda t: None if t is None else t.float().contiguous()  # noqa: E731
     return _Recurrence.apply(q, k, v, f32(decay), f32(beta), f32(h0), step, K, group)

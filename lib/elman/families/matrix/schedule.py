@@ -1,12 +1,12 @@
 """The kernels' schedule in plain PyTorch: the checkpointed forward and the backward that walks
 the chunks in reverse, recomputing each chunk's states from its checkpoint, with the hand-derived
-gradient of every step. It mirrors lib/csrc/matrix/recurrence.cuh step for step (vectorised over
+gradient of every step. It mirrors lib/csrc/matrix/recurrence.cuh and warp.cuh step for step (vectorised over
 batch and heads), so the CPU tests check the kernels' schedule and backward math against
 autograd of `reference.recurrence` before a GPU sees them.
 
 Checkpoint c holds the state before step c*K (checkpoint 0 = h0); there are ceil(T / K). The
-backward walks each chunk in sub-chunks of `slots` steps from its end (the states the tiled
-kernels keep in shared memory): for sub-chunk [s0, s1) it recomputes from the chunk's
+backward walks each chunk in sub-chunks of `slots` steps from its end (the states the warp and
+tiled kernels keep in shared memory): for sub-chunk [s0, s1) it recomputes from the chunk's
 checkpoint up to step s1, keeping S_{t-1} for t >= s0, then walks back from S_{s1}.
 Backward of one step, given dS (the gradient of S_t from later steps and the final state) and
 do_t:
