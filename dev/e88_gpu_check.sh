@@ -2,14 +2,15 @@
 # E88 / E75 kernels on a GPU in one command (run from the repository root with
 # PYTHONPATH=/tmp/site:$PWD/lib): build the matrix extension, run the matrix GPU tests, the
 # parity of the E88 / E75 levels, and time the recurrence at the seed study's 480M shape with
-# the floor numbers measured beside it.
+# the floor numbers measured beside it (the warp kernels, the default at n = v <= 32, beside the
+# tiled and column-group kernels).
 set -uo pipefail
 PY=${PYTHON:-python3}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader || true
 echo "== build"
 time $PY -c "from elman.core import extension; extension.load('matrix'); print('elman_matrix built')" || exit 1
 echo "== GPU tests"
-$PY -m pytest -q -x -m gpu tests/test_matrix_gpu.py -k "schedule or memory or unsupported or fully_written or autocast" 2>&1 | tail -15
+$PY -m pytest -q -x -m gpu tests/test_matrix_gpu.py -k "schedule or memory or unsupported or fully_written or autocast or warp" 2>&1 | tail -15
 echo "== parity"
 $PY -m elman parity --levels E88 E88h83n32 E88h8n64 E88f_h32n16 E75 E75h4n32 2>&1 | tail -40
 echo "== recurrence at the 480M shape"

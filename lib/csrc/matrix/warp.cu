@@ -71,6 +71,11 @@ cudaError_t launch(const MatrixArgs& args, bool backward) {
     const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return e;
   }
+  // The slots were sized for the whole shared-memory carveout; a smaller default carveout would
+  // leave fewer warps resident than the grid needs.
+  const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                             int(cudaSharedmemCarveoutMaxShared));
+  if (e != cudaSuccess) return e;
   kernel<<<grid, 32, smem, a.stream>>>(a);
   return cudaGetLastError();
 }
