@@ -266,3 +266,29 @@ def target_table(recs: list[dict]) -> str:
             lines.append(f"| {measure} | {B} | {D} | <= {committed} | <= {moon} | {shown} | {path} "
                          f"| {met(committed)} | {met(moon)} |")
     return "\n".join(lines)
+
+
+def lm_step_table(recs: list[dict]) -> str:
+    """One row per training-step record (measure 'lm_step', elman.training.memory)."""
+    rows = [r for r in recs if r["params"].get("measure") == "lm_step"]
+    lines = ["| level | d | depth | e | parameters | B | T | step (ms) | tokens/s | peak memory (MB) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        p, m = r["params"], r["metrics"]
+        lines.append(f"| {r['variant']} | {p['dim']} | {p['depth']} | {p['expansion']} | {p['n_params']:,} "
+                     f"| {p['B']} | {p['T']} | {m['step_ms']:.1f} | {m['tokens_per_s']:,.0f} "
+                     f"| {m['peak_mem_mb']:,.0f} |")
+    return "\n".join(lines)
+
+
+def lm_memory_line(recs: list[dict], level: str, baseline: str, limit: float) -> str:
+    """The level's peak training memory against the baseline's, and whether it is within limit x."""
+    step = {r["variant"]: r for r in recs if r["params"].get("measure") == "lm_step"}
+    if level not in step or baseline not in step:
+        return f"- No training-step records of both {level} and {baseline}: the memory target cannot be stated."
+    a, b = step[level], step[baseline]
+    ratio = a["metrics"]["peak_mem_mb"] / b["metrics"]["peak_mem_mb"]
+    return (f"- Peak training memory: {level} ({a['params']['n_params'] / 1e6:.0f}M parameters) "
+            f"{a['metrics']['peak_mem_mb'] / 1024:.1f} GB, {baseline} ({b['params']['n_params'] / 1e6:.0f}M) "
+            f"{b['metrics']['peak_mem_mb'] / 1024:.1f} GB: {ratio:.2f}x (target <= {limit}x: "
+            f"{'met' if ratio <= limit else 'not met'}).")

@@ -1,0 +1,43 @@
+"""The training-step memory probe (elman.training.memory) and its report lines."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from elman.results import report
+from elman.training import memory
+
+
+def _rec(variant: str, peak: float, n: int) -> dict:
+    return {"variant": variant, "params": {"measure": "lm_step", "dim": 64, "depth": 2, "expansion": 1.0,
+                                          "n_params": n, "B": 2, "T": 8},
+            "metrics": {"peak_mem_mb": peak, "step_ms": 3.0, "tokens_per_s": 5333.0}}
+
+
+def test_memory_line_states_the_ratio_and_the_target():
+    recs = [_rec("E88h83n32", 3000.0, 437_000_000), _rec("fla-gdn", 2500.0, 438_000_000)]
+    line = report.lm_memory_line(recs, "E88h83n32", "fla-gdn", 1.5)
+    assert "1.20x" in line and "met" in line and "not met" not in line
+    line = report.lm_memory_line([_rec("E88h83n32", 4000.0, 1), _rec("fla-gdn", 2000.0, 1)],
+                                 "E88h83n32", "fla-gdn", 1.5)
+    assert "2.00x" in line and "not met" in line
+    assert "No training-step records" in report.lm_memory_line(recs[:1], "E88h83n32", "fla-gdn", 1.5)
+
+
+def test_step_table_has_a_row_per_record():
+    table = report.lm_step_table([_rec("E1", 10.0, 1000), _rec("E0", 9.0, 900)])
+    assert table.count("\n") == 3 and "| E0 |" in table and "1,000" in table
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only refusal")
+def test_step_record_needs_cuda():
+    with pytest.raises(RuntimeError, match="CUDA"):
+        memory.lm_step_record("E1", 64, 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_step_record_measures_a_small_model():
+    rec = memory.lm_step_record("E1", 256, 2, batch=2, seq=64, steps=3)
+    assert rec["params"]["n_params"] > 0 and rec["metrics"]["peak_mem_mb"] > 0
+    assert rec["metrics"]["step_ms"] > 0 and rec["impl"] == "lm:cuda"
