@@ -169,6 +169,8 @@ baselines_stage() {  # fla-gdn verified, then every baseline's parity, then thei
 }
 chapters() {  # chapters [NAME ...]: those of the TOC whose file name contains a NAME
   local ok=0
+  # torch's notice on a backward in a fresh thread names the host's site-packages path
+  export PYTHONWARNINGS="ignore:Attempting to run cuBLAS:UserWarning"
   for nb in $(python3 -c "import yaml;t=yaml.safe_load(open('_toc.yml'));print(' '.join(c['file'] for p in t.get('parts',[t]) for c in p.get('chapters',[])))"); do
     nb=${nb%.ipynb}.ipynb
     [ -f "$nb" ] || continue
