@@ -67,6 +67,13 @@ def test_aliases_resolve(entry: registry.Entry):
             assert registry.get(spelling) is entry, f"{spelling!r} does not resolve to {entry.name}"
 
 
+def test_numeric_alias_takes_an_e_in_front():
+    assert registry.get("E37v2") is registry.get("37v2") is registry.get("E37")
+    assert registry.get("e63a") is registry.get("E63")
+    with pytest.raises(KeyError, match="unknown level"):
+        registry.get("E9999")
+
+
 @by_name(VARIANTS)
 def test_variant_has_reference_parity_shapes_tolerances_and_op(entry: registry.Entry):
     module = importlib.import_module(entry.layer.__module__)

@@ -33,9 +33,13 @@ for _module in (*_variants.MODULES, *_baselines.MODULES):
 
 
 def get(level: str | int) -> Entry:
-    """The entry for a level name or alias (`"E1"`, `"1"`, `1`, `"mamba2"`), or a pattern name
-    that a variant module's `entry_for` builds (`"E88h6n48"`)."""
-    key = _ALIASES.get(str(level).lower())
+    """The entry for a level name or alias (`"E1"`, `"1"`, `1`, `"mamba2"`; a numeric alias also
+    with an E in front, `"E37v2"`), or a pattern name that a variant module's `entry_for` builds
+    (`"E88h6n48"`)."""
+    text = str(level).lower()
+    key = _ALIASES.get(text)
+    if key is None and text[:1] == "e" and text[1:2].isdigit():
+        key = _ALIASES.get(text[1:])
     if key is None:  # a pattern name a variant module builds on demand (E88h{H}n{N}, E75h{H}n{N})
         for module in _variants.MODULES:
             build = getattr(module, "entry_for", None)
