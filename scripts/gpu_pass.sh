@@ -5,9 +5,10 @@
 # archive under $OUT.
 #
 #   scripts/gpu_pass.sh [STAGE ...]      stages: setup build dev warm test parity bitwise gdn
-#                                        diagonal headline baselines bench sanitize chapters
-#                                        train leaderboard pack (default: all but dev, bitwise,
-#                                        diagonal, headline, baselines, train and leaderboard)
+#                                        diagonal headline widths baselines bench sanitize
+#                                        chapters train leaderboard pack (default: all but dev,
+#                                        bitwise, diagonal, headline, widths, baselines, train
+#                                        and leaderboard)
 #   scripts/gpu_pass.sh setup build warm baselines pack     the baselines' run (issue 4) alone
 #
 # warm compiles, in parallel, the Triton kernels (mamba2, fla-gdn) of the stages that follow
@@ -160,6 +161,12 @@ headline_stage() {
   python3 -m elman bench --levels E1 E4 E66 --B 4 64 --D 512 1024 --no-layers $q || ok=1
   return $ok
 }
+# Issue 20's sweep: E1's forward step on the persistent kernels and the graph beside them at
+# every 128-aligned width from 256 to 2048 (the Kernel engineering chapter's latency-vs-width plot).
+widths_stage() {
+  python3 -m elman bench --levels E1 --B ${WIDTHS_B:-4 16 64} --D $(seq -s ' ' 256 128 2048) --T 512 \
+    --no-layers ${QUICK:+--quick}
+}
 baselines_stage() {  # fla-gdn verified, then every baseline's parity, then their layers beside E1
   local ok=0
   python3 scripts/verify_gdn.py || ok=1
@@ -199,6 +206,7 @@ has bitwise && stage bitwise bitwise_stage
 has gdn && stage gdn gdn_stage
 has diagonal && stage diagonal diagonal_stage
 has headline && stage headline headline_stage
+has widths && stage widths widths_stage
 has baselines && stage baselines baselines_stage
 has bench && stage bench bench_stage
 has sanitize && stage sanitize sanitize

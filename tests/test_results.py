@@ -76,3 +76,24 @@ def test_seed_results_are_a_data_file_with_sources():
     assert e1["last-100 loss (low)"] <= e1["last-100 loss (high)"]
     assert e1["tokens/s (low)"] <= e1["tokens/s (high)"]
     assert results.seed_results("E1", "no such config") == []
+
+
+def _cell(D: int, B: int, impl: str, us: float) -> dict:
+    return {"variant": "E1", "impl": impl, "params": {"measure": "cell", "B": B, "D": D},
+            "metrics": {"per_step_us": us}}
+
+
+def test_width_targets_and_table():
+    from elman.results import report
+
+    recs = [_cell(D, 4, "cuda:persistent", us) for D, us in ((1024, 0.9), (1280, 1.4), (2048, 3.6))]
+    recs += [_cell(D, 64, "cuda:persistent", us) for D, us in ((1280, 2.8), (1536, 6.0), (2048, 5.4))]
+    recs += [_cell(1280, 4, "cuda:steps+graph", 6.1)]
+    lines = report.width_targets(recs)
+    assert "B = 4: 3 widths on the persistent path; none slower than D = 2048 (3.60 us) (met)." in lines
+    assert "D = 1280, B = 4: 1.40 us per step (target <= 1.5 us: met)." in lines
+    assert "slower than D = 2048 (5.40 us): D = 1536 (not met)." in lines
+    assert "D = 1280, B = 64: 2.80 us per step (target <= 2.5 us: not met)." in lines
+    table = report.width_table(recs)
+    assert "| 1280 | 1.40 | 6.10 | 2.80 |  |" in table
+    assert report.plot_widths(recs) is not None and report.plot_widths([]) is None

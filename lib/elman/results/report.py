@@ -292,3 +292,74 @@ def lm_memory_line(recs: list[dict], level: str, baseline: str, limit: float) ->
             f"{a['metrics']['peak_mem_mb'] / 1024:.1f} GB, {baseline} ({b['params']['n_params'] / 1e6:.0f}M) "
             f"{b['metrics']['peak_mem_mb'] / 1024:.1f} GB: {ratio:.2f}x (target <= {limit}x: "
             f"{'met' if ratio <= limit else 'not met'}).")
+
+
+WIDTH_IMPLS = ("cuda:persistent", "cuda:steps+graph")
+
+
+def _width_points(recs: list[dict], variant: str, impl: str, B: int) -> list[tuple[int, float]]:
+    return sorted((r["params"]["D"], r["metrics"]["per_step_us"]) for r in recs
+                  if r["params"].get("measure") == "cell" and r["variant"] == variant
+                  and r["impl"] == impl and r["params"]["B"] == B)
+
+
+def plot_widths(recs: list[dict], variant: str = "E1"):
+    """Forward per step against D, one line per (path, B): the persistent kernels and the
+    per-step graph beside them. None without cell records of the variant."""
+    Bs = sorted({r["params"]["B"] for r in recs if r["params"].get("measure") == "cell"
+                 and r["variant"] == variant})
+    if not Bs:
+        return None
+    fig, ax = plt.subplots(figsize=(7.5, 3.8))
+    for impl, style in zip(WIDTH_IMPLS, ("-", ":")):
+        for i, B in enumerate(Bs):
+            pts = _width_points(recs, variant, impl, B)
+            if pts:
+                ax.plot(*zip(*pts), style, marker="o" if style == "-" else "s", color=f"C{i}",
+                        label=f"{IMPL_STYLE[impl][0]}, B = {B}", markersize=4)
+    ax.set_xlabel("width D")
+    ax.set_ylabel("forward per step (us)")
+    ax.set_yscale("log")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="best", ncol=2)
+    ax.set_title(f"{variant}: forward latency of one time step against width (bf16, T = 512)")
+    fig.tight_layout()
+    return fig
+
+
+def width_table(recs: list[dict], variant: str = "E1", dims: tuple[int, ...] = (1280, 1536, 1792, 2048)) -> str:
+    """Per-step forward (us) at the given widths: persistent and graph at each B."""
+    Bs = sorted({r["params"]["B"] for r in recs if r["params"].get("measure") == "cell"
+                 and r["variant"] == variant})
+    head = "| D | " + " | ".join(f"persistent B={B} | graph B={B}" for B in Bs) + " |"
+    lines = [head, "|---|" + "---|" * (2 * len(Bs))]
+    for D in dims:
+        cells = []
+        for B in Bs:
+            for impl in WIDTH_IMPLS:
+                v = dict(_width_points(recs, variant, impl, B)).get(D)
+                cells.append("" if v is None else f"{v:.2f}")
+        lines.append(f"| {D} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def width_targets(recs: list[dict], variant: str = "E1", at: int = 1280, small_b_us: float = 1.5,
+                  b64_us: float = 2.5) -> str:
+    """The fast path at every width, stated from the records: no width's persistent step slower
+    than at D = 2048 for the same B, and the step at D = `at` within its budget."""
+    out = []
+    for B in sorted({r["params"]["B"] for r in recs if r["params"].get("measure") == "cell"
+                     and r["variant"] == variant}):
+        pts = dict(_width_points(recs, variant, "cuda:persistent", B))
+        if 2048 not in pts:
+            out.append(f"- B = {B}: no persistent record at D = 2048; the comparison cannot be stated.")
+            continue
+        slower = [D for D, us in pts.items() if us > pts[2048]]
+        out.append(f"- B = {B}: {len(pts)} widths on the persistent path; "
+                   + (f"slower than D = 2048 ({pts[2048]:.2f} us): D = {', '.join(map(str, sorted(slower)))} (not met)."
+                      if slower else f"none slower than D = 2048 ({pts[2048]:.2f} us) (met)."))
+        if at in pts and (B <= 16 or B == 64):
+            limit = small_b_us if B <= 16 else b64_us
+            out.append(f"- D = {at}, B = {B}: {pts[at]:.2f} us per step (target <= {limit} us: "
+                       f"{'met' if pts[at] <= limit else 'not met'}).")
+    return "\n".join(out) or f"- No cell records of {variant}: the targets cannot be stated."
