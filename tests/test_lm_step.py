@@ -41,3 +41,41 @@ def test_step_record_measures_a_small_model():
     rec = memory.lm_step_record("E1", 256, 2, batch=2, seq=64, steps=3)
     assert rec["params"]["n_params"] > 0 and rec["metrics"]["peak_mem_mb"] > 0
     assert rec["metrics"]["step_ms"] > 0 and rec["impl"] == "lm:cuda"
+
+
+def test_profile_categories_and_summary():
+    from elman.training import profile
+
+    assert profile.category("void persistent_forward<E1>(...)") == "recurrence"
+    assert profile.category("sm90_xmma_gemm_bf16bf16_bf16f32") == "gemm"
+    assert profile.category("_layer_norm_fwd_1pass_kernel") == "norm"
+    assert profile.category("void at::native::unrolled_elementwise_kernel<direct_copy>") == "copy and cast"
+    assert profile.category("void at::native::vectorized_elementwise_kernel<mul>") == "elementwise and reductions"
+    assert profile.category("mystery") == "other"
+    rec = {"variant": "E1", "params": {"dim": 1280, "depth": 6, "expansion": 1.0, "B": 64, "T": 512},
+           "metrics": {"phase_ms": {"forward": 10.0, "backward": 20.0, "clip": 1.0, "optimizer": 2.0, "step": 33.0},
+                       "tokens_per_s": 993_000.0, "kernel_ms_total": 30.0,
+                       "kernel_ms_by_category": {"recurrence": 12.0, "gemm": 18.0},
+                       "largest_kernels_ms": [["gemm_a", 9.0]]}}
+    text = profile.summary(rec)
+    assert "33.0 ms a step, 993,000 tokens/s" in text and "gemm" in text and " 60.0 %" in text
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only refusal")
+def test_profile_needs_cuda():
+    from elman.training import profile
+
+    with pytest.raises(RuntimeError, match="CUDA"):
+        profile.lm_profile_record("E1", 64, 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_profile_splits_a_small_model_step():
+    from elman.training import profile
+
+    rec = profile.lm_profile_record("E1", 256, 2, batch=2, seq=64, steps=3)
+    m = rec["metrics"]
+    assert m["phase_ms"]["step"] > 0 and m["kernel_ms_total"] > 0 and m["largest_kernels_ms"]
+    assert set(m["kernel_ms_by_category"]) <= {"recurrence", "gemm", "norm", "copy and cast",
+                                                "elementwise and reductions", "other"}
