@@ -280,3 +280,130 @@ def test_persistent_schedule_bf16_rounding_within_tolerance(mode):
     ref_out, ref_hT, ref_grads = _oracle(mode, x, d_out, d_hT)
     for a, b in zip((out, hT, *grads), (ref_out, ref_hT, *ref_grads)):
         assert rel_error(a.double(), b) < 2e-2
+
+
+# ---- E23's persistent forward (schedule.tape_forward restates tape_persistent.cu) ------------
+def _tape_case(T: int, B: int, D: int, N: int, dtype=torch.float64):
+    g = torch.Generator().manual_seed(T * 100 + D + N)
+    kw = dict(generator=g, dtype=dtype)
+    return dict(x=torch.randn(T, B, D, **kw), z=torch.randn(T, B, D, **kw),
+                w_x=torch.randn(D, D, **kw) / D ** 0.5,
+                w_h=0.9 * torch.linalg.qr(torch.randn(D, D, **kw))[0],
+                w_wr=torch.randn(D, D, **kw) / D ** 0.5, b=0.1 * torch.randn(D, **kw),
+                h0=torch.rand(B, D, **kw) - 0.5, tape0=torch.randn(B, N, D, **kw))
+
+
+def test_tape_cluster_matches_plan():
+    from elman.families.twogemm.schedule import tape_cluster
+    assert [tape_cluster(D) for D in (1, 100, 128, 129, 256, 300, 512)] == [4, 4, 4, 8, 8, 16, 16]
+
+
+@pytest.mark.parametrize("T,B,D,N", [(1, 1, 8, 8), (5, 3, 100, 8), (7, 2, 300, 32),
+                                     (6, 9, 512, 3), (4, 4, 130, 1)])
+def test_tape_persistent_schedule_exact_in_fp64(T, B, D, N):
+    """The kernel's schedule (read scores carried as (1 - beta) W + beta u . w, per-CTA
+    partials in rank order, checkpoints) equals the reference in fp64, gradients included
+    (autograd through both)."""
+    from elman.families.twogemm import schedule
+    from elman.variants import e23
+    x = _tape_case(T, B, D, N)
+    K = op.checkpoint_interval(T)
+    lv = {k: t.clone().requires_grad_() for k, t in x.items()}
+    lr = {k: t.clone().requires_grad_() for k, t in x.items()}
+    out, w_all, tape_T, ckpt = schedule.tape_forward(**lv, K=K)[:4]
+    x_r = lr.pop("x")
+    ref_out, ref_w, ref_tape = e23.reference(x_r @ lr["w_x"].t(), lr["z"], torch.eye(D, dtype=x_r.dtype),
+                                             lr["w_h"], lr["w_wr"], lr["b"], lr["h0"], lr["tape0"], N)
+    for a, b in ((out, ref_out), (w_all[-1], ref_w), (tape_T, ref_tape)):
+        assert (a - b).abs().max() < 1e-10
+    # checkpoints: the reference's tapes before steps 0, K, 2K, ...
+    for j in range(ckpt.shape[0]):
+        _, _, tape_j = e23.reference(x["x"][: j * K] @ x["w_x"].t(), x["z"][: j * K],
+                                     torch.eye(D, dtype=torch.float64), x["w_h"], x["w_wr"],
+                                     x["b"], x["h0"], x["tape0"], N) if j else (0, 0, x["tape0"])
+        assert (ckpt[j].detach() - tape_j).abs().max() < 1e-10
+    g = torch.Generator().manual_seed(1)
+    cot = [torch.randn(t.shape, generator=g, dtype=torch.float64) for t in (out, tape_T)]
+    ga = torch.autograd.grad((out, w_all[-1], tape_T), list(lv.values()), (cot[0], cot[0][-1], cot[1]))
+    gb = torch.autograd.grad((ref_out, ref_w, ref_tape), [x_r, *lr.values()], (cot[0], cot[0][-1], cot[1]))
+    for name, a, b in zip(lv, ga, gb):  # the reference took W_x x (W_x a leaf) as its x
+        assert (a - b).abs().max() < 1e-8, name
+
+
+@pytest.mark.parametrize("N", [8, 32])
+def test_tape_persistent_schedule_bf16_within_tolerance(N):
+    """With the kernel's bf16 roundings (w, hw, u, tape, outputs), 33 steps at B = 4, D = 512
+    stay within E23's bf16 parity tolerance of the fp64 reference."""
+    from elman.families.twogemm import schedule
+    from elman.variants import e23
+    T, B, D = 33, 4, 512
+    x = _tape_case(T, B, D, N)
+    x["tape0"] = 0.5 * x["tape0"]
+    rnd = lambda t: t.to(torch.bfloat16).float()  # noqa: E731
+    out, w_all, tape_T = schedule.tape_forward(**{k: rnd(t) for k, t in x.items()}, K=6,
+                                               rounding=torch.bfloat16)[:3]
+    ref_out, ref_w, ref_tape = e23.reference(x["x"] @ x["w_x"].t(), x["z"], torch.eye(D, dtype=torch.float64),
+                                             x["w_h"], x["w_wr"], x["b"], x["h0"], x["tape0"], N)
+    for a, b in ((out, ref_out), (w_all[-1], ref_w), (tape_T, ref_tape)):
+        assert rel_error(a.double(), b) < 2e-2
+
+
+def _tape_grads(x, K, cot, rounding=None):
+    """The persistent schedule's forward and backward: (out, w_T, tape_T, gradients)."""
+    from elman.families.twogemm import schedule
+    out, w_all, tape_T, ckpt, u_all, alpha_all, beta_all = schedule.tape_forward(**x, K=K,
+                                                                                 rounding=rounding)
+    grads = schedule.tape_backward(x["x"], x["z"], x["w_x"], x["w_h"], x["w_wr"], w_all, u_all,
+                                   alpha_all, beta_all, ckpt, cot[0], cot[1], cot[2], K, rounding)
+    return out, w_all[-1], tape_T, grads
+
+
+def _tape_oracle(x, cot):
+    """autograd through the reference (W_x x as its input, W_x a leaf)."""
+    from elman.variants import e23
+    leaves = {k: t.clone().requires_grad_() for k, t in x.items()}
+    D = x["x"].shape[-1]
+    out, w, tape = e23.reference(leaves["x"] @ leaves["w_x"].t(), leaves["z"],
+                                 torch.eye(D, dtype=x["x"].dtype), leaves["w_h"], leaves["w_wr"],
+                                 leaves["b"], leaves["h0"], leaves["tape0"], x["tape0"].shape[1])
+    grads = torch.autograd.grad((out, w, tape), [leaves[k] for k in
+                                ("x", "z", "w_x", "w_h", "w_wr", "b", "h0", "tape0")], cot)
+    return out.detach(), w.detach(), tape.detach(), grads
+
+
+def _cotangents(T, B, D, N, dtype=torch.float64):
+    g = torch.Generator().manual_seed(11)
+    return (torch.randn(T, B, D, generator=g, dtype=dtype), torch.randn(B, D, generator=g, dtype=dtype),
+            torch.randn(B, N, D, generator=g, dtype=dtype))
+
+
+@pytest.mark.parametrize("T,B,D,N,K", [(1, 1, 8, 8, 1), (5, 3, 100, 8, 2), (7, 2, 300, 32, 3),
+                                       (9, 9, 512, 3, 3), (4, 4, 130, 1, 4), (11, 2, 64, 8, 24)])
+def test_tape_persistent_backward_schedule_exact_in_fp64(T, B, D, N, K):
+    """Segments recomputed from checkpoints with the stored u and beta, per-CTA partials in
+    rank order, the hand-derived gradients: equal to autograd through the reference in fp64."""
+    x = _tape_case(T, B, D, N)
+    cot = _cotangents(T, B, D, N)
+    out, w, tape, grads = _tape_grads(x, K, cot)
+    ref_out, ref_w, ref_tape, ref_grads = _tape_oracle(x, cot)
+    for a, b in ((out, ref_out), (w, ref_w), (tape, ref_tape)):
+        assert (a - b).abs().max() < 1e-10
+    for name, a, b in zip(("x", "z", "W_x", "W_h", "W_wr", "b", "h0", "tape0"), grads, ref_grads):
+        assert (a - b).abs().max() < 1e-8 * max(1.0, b.abs().max().item()), name
+
+
+@pytest.mark.parametrize("N", [8, 32])
+def test_tape_persistent_backward_schedule_bf16_within_tolerance(N):
+    """With the kernels' bf16 roundings (forward as above; du, d_pre, d_z rounded, dL/dw and
+    dL/dM in fp32), 33 steps at B = 4, D = 512 stay within E23's bf16 tolerance."""
+    T, B, D = 33, 4, 512
+    x = _tape_case(T, B, D, N)
+    x["tape0"] = 0.5 * x["tape0"]
+    cot = _cotangents(T, B, D, N)
+    rnd = lambda t: t.to(torch.bfloat16).float()  # noqa: E731
+    out, w, tape, grads = _tape_grads({k: rnd(t) for k, t in x.items()}, 6,
+                                      (rnd(cot[0]), rnd(cot[1]), cot[2].float()), torch.bfloat16)
+    ref_out, ref_w, ref_tape, ref_grads = _tape_oracle(x, cot)
+    for name, a, b in zip(("out", "w_T", "tape_T", "x", "z", "W_x", "W_h", "W_wr", "b", "h0",
+                           "tape0"), (out, w, tape, *grads), (ref_out, ref_w, ref_tape, *ref_grads)):
+        assert rel_error(a.double(), b) < 3e-2, name

@@ -301,7 +301,7 @@ void lowrank_persistent_backward(int64_t mode, const at::Tensor& c, const at::Te
                      "low-rank persistent backward");
 }
 
-// ---- E23's persistent forward ---------------------------------------------------------------
+// ---- E23's persistent kernels -----------------------------------------------------------------
 std::tuple<bool, std::string> tape_persistent_supported(int64_t B, int64_t D, int64_t N, bool bf16) {
   if (B < 1 || D < 1 || N < 1) return {false, "B, D and N must be at least 1"};
   if (B * N * D >= (int64_t(1) << 31)) return {false, "too large"};
@@ -309,10 +309,25 @@ std::tuple<bool, std::string> tape_persistent_supported(int64_t B, int64_t D, in
   return {plan.ok, std::string(plan.reason)};
 }
 
+int64_t tape_persistent_interval(int64_t T, int64_t D, int64_t N) {
+  if (T < 1 || D < 1 || N < 1 || T >= (int64_t(1) << 31)) return 0;
+  return elman::tape_persistent_interval(int(T), int(D), int(N));
+}
+
+// The saved slot weights of the persistent backward: fp32 [T, B, N] on the device of `like`.
+void check_slot_weights(const at::Tensor& w, const char* name, const at::Tensor& like, int64_t T,
+                        int64_t B, int64_t N) {
+  const elman::check::Tensors f32{like.device(), at::kFloat};
+  f32(w, name, {T, B, N});
+}
+
 void tape_persistent_forward(const at::Tensor& wx, const at::Tensor& z, const at::Tensor& w_h,
                              const at::Tensor& w_wr, const at::Tensor& b, const at::Tensor& h0,
                              const at::Tensor& tape0, at::Tensor& out, at::Tensor& w_all,
-                             at::Tensor& tape_T, at::Tensor& ckpt, int64_t interval) {
+                             at::Tensor& tape_T, at::Tensor& ckpt, int64_t interval,
+                             const c10::optional<at::Tensor>& u_all,
+                             const c10::optional<at::Tensor>& alpha_all,
+                             const c10::optional<at::Tensor>& beta_all) {
   const auto check = elman::check::leading(wx, "wx", 3, "[T, B, D]", {at::kFloat, at::kBFloat16});
   const int64_t T = wx.size(0), B = wx.size(1), D = wx.size(2);
   const auto t = tape_sizes(tape0, "tape0");
@@ -328,6 +343,14 @@ void tape_persistent_forward(const at::Tensor& wx, const at::Tensor& z, const at
   check(w_all, "w_all", {T + 1, B, D});
   check(tape_T, "tape_T", {B, N, D});
   check(ckpt, "ckpt", {(T + interval - 1) / interval, B, N, D});
+  const bool saves = u_all.has_value();
+  if (saves != alpha_all.has_value() || saves != beta_all.has_value())
+    value_error("u_all, alpha_all and beta_all are given together or not at all");
+  if (saves) {
+    check(*u_all, "u_all", {T, B, D});
+    check_slot_weights(*alpha_all, "alpha_all", wx, T, B, N);
+    check_slot_weights(*beta_all, "beta_all", wx, T, B, N);
+  }
   const bool bf16 = wx.scalar_type() == at::kBFloat16;
   const auto plan = elman::tape_persistent_plan(int(B), int(D), int(N), bf16);
   if (!plan.ok)
@@ -339,12 +362,14 @@ void tape_persistent_forward(const at::Tensor& wx, const at::Tensor& z, const at
   a.wx = wx.data_ptr(); a.z = z.data_ptr(); a.w_h = w_h.data_ptr(); a.w_wr = w_wr.data_ptr();
   a.b = b.data_ptr(); a.h0 = h0.data_ptr(); a.tape0 = tape0.data_ptr(); a.out = out.data_ptr();
   a.w_all = w_all.data_ptr(); a.tape_T = tape_T.data_ptr(); a.ckpt = ckpt.data_ptr();
+  a.u_all = saves ? u_all->data_ptr() : nullptr;
+  a.alpha_all = saves ? alpha_all->data_ptr<float>() : nullptr;
+  a.beta_all = saves ? beta_all->data_ptr<float>() : nullptr;
   a.stream = at::cuda::getCurrentCUDAStream();
   elman::check::cuda(elman::tape_persistent_forward<__nv_bfloat16>(plan, a),
                      "tape persistent forward");
 }
 
-// ---- E23's persistent backward --------------------------------------------------------------
 std::tuple<bool, std::string> tape_persistent_backward_supported(int64_t B, int64_t D, int64_t N,
                                                                  int64_t interval, bool bf16) {
   if (B < 1 || D < 1 || N < 1 || interval < 1) return {false, "B, D, N and K must be at least 1"};
@@ -355,6 +380,7 @@ std::tuple<bool, std::string> tape_persistent_backward_supported(int64_t B, int6
 
 void tape_persistent_backward(const at::Tensor& z, const at::Tensor& w_h, const at::Tensor& w_wr,
                               const at::Tensor& w_all, const at::Tensor& u_all,
+                              const at::Tensor& alpha_all, const at::Tensor& beta_all,
                               const at::Tensor& ckpt, const at::Tensor& d_out,
                               const at::Tensor& d_hT, const at::Tensor& d_tapeT, at::Tensor& d_pre,
                               at::Tensor& d_u, at::Tensor& d_z, at::Tensor& dh0,
@@ -363,8 +389,7 @@ void tape_persistent_backward(const at::Tensor& z, const at::Tensor& w_h, const 
   const int64_t T = d_out.size(0), B = d_out.size(1), D = d_out.size(2);
   if (interval < 1) value_error("the checkpoint interval must be at least 1, got " + num(interval));
   const auto t = tape_sizes(d_tapeT, "d_tapeT");
-  (void)t;
-  const int64_t N = d_tapeT.size(1);
+  const int64_t N = t.N;
   for (const auto& [x, name] : {std::pair<const at::Tensor&, const char*>{z, "z"}, {u_all, "u_all"},
                                {d_pre, "d_pre"}, {d_u, "d_u"}, {d_z, "d_z"}})
     check(x, name, {T, B, D});
@@ -374,6 +399,8 @@ void tape_persistent_backward(const at::Tensor& z, const at::Tensor& w_h, const 
   check(ckpt, "ckpt", {(T + interval - 1) / interval, B, N, D});
   check(d_hT, "d_hT", {B, D});
   check(dh0, "dh0", {B, D});
+  check_slot_weights(alpha_all, "alpha_all", d_out, T, B, N);
+  check_slot_weights(beta_all, "beta_all", d_out, T, B, N);
   check_fp32_tape(d_tapeT, d_out, B, N, D);
   check_fp32_tape(d_tape0, d_out, B, N, D);
   const bool bf16 = d_out.scalar_type() == at::kBFloat16;
@@ -385,7 +412,8 @@ void tape_persistent_backward(const at::Tensor& z, const at::Tensor& w_h, const 
   elman::TapePersistentBackward a = {};
   a.steps = int(T); a.batch = int(B); a.dim = int(D); a.slots = int(N); a.interval = int(interval);
   a.z = z.data_ptr(); a.w_h = w_h.data_ptr(); a.w_wr = w_wr.data_ptr(); a.w_all = w_all.data_ptr();
-  a.u_all = u_all.data_ptr(); a.ckpt = ckpt.data_ptr(); a.d_out = d_out.data_ptr();
+  a.u_all = u_all.data_ptr(); a.alpha_all = alpha_all.data_ptr<float>();
+  a.beta_all = beta_all.data_ptr<float>(); a.ckpt = ckpt.data_ptr(); a.d_out = d_out.data_ptr();
   a.d_hT = d_hT.data_ptr(); a.d_tapeT = d_tapeT.data_ptr<float>(); a.d_pre = d_pre.data_ptr();
   a.d_u = d_u.data_ptr(); a.d_z = d_z.data_ptr(); a.dh0 = dh0.data_ptr();
   a.d_tape0 = d_tape0.data_ptr<float>();
@@ -415,5 +443,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("tape_persistent_forward", &tape_persistent_forward);
   m.def("tape_persistent_backward_supported", &tape_persistent_backward_supported);
   m.def("tape_persistent_backward", &tape_persistent_backward);
+  m.def("tape_persistent_interval", &tape_persistent_interval);
   m.attr("max_slots") = elman::kMaxSlots;
 }

@@ -38,6 +38,7 @@
 #include "common/cluster.cuh"
 #include "common/math.cuh"
 #include "common/mma.cuh"
+#include "twogemm/exchange.cuh"
 #include "twogemm/launch.cuh"
 #include "twogemm/stage.cuh"
 #include "twogemm/twogemm.h"
@@ -57,22 +58,6 @@ static_assert(kBc == 8, "one n-tile of batch columns");
 constexpr int kLead = 3;
 constexpr int kStages = kLead + 1;
 constexpr int kMaxR16 = 16;  // rank up to 256
-
-// 8 bytes from registers into a peer's shared memory, counted on the peer's mbarrier.
-__device__ __forceinline__ void st_async8(uint32_t remote, uint32_t x, uint32_t y, uint32_t remote_bar) {
-  asm volatile(
-      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32 [%0], {%1, %2}, [%3];\n" ::"r"(
-          remote),
-      "r"(x), "r"(y), "r"(remote_bar)
-      : "memory");
-}
-
-__device__ __forceinline__ float lo_f(uint32_t v) {
-  return __bfloat162float(__ushort_as_bfloat16(static_cast<unsigned short>(v & 0xFFFFu)));
-}
-__device__ __forceinline__ float hi_f(uint32_t v) {
-  return __bfloat162float(__ushort_as_bfloat16(static_cast<unsigned short>(v >> 16)));
-}
 
 // Shared memory of one CTA: mbarriers [2] | x [8][kX] (h_{t-1}, or d_pre) | p [8][kP] (the
 // summed r-wide vector) | staged inputs [kStages][kIn][8][kX] | receive [2][C][R16][32] uint2.
@@ -243,24 +228,6 @@ struct Cta {
     for (int e = 0; e < 4; ++e) out[e] = acc[0][e] + acc[1][e];
   }
 };
-
-// A fragments: f[j][s] is 16-row tile `tile0 + j * step` by k-step s of the matrix elem(m, k)
-// (elem returns zero outside the factor). Rows g, g + 8; columns 2q, 2q + 1, + 8.
-template <int M, int K, class Elem>
-__device__ __forceinline__ void load_frags(uint32_t (&f)[M][K][4], int tile0, int step, int tiles,
-                                           Elem elem) {
-  const int lane = int(threadIdx.x) & 31, g = lane >> 2, q = lane & 3;
-#pragma unroll
-  for (int j = 0; j < M; ++j)
-#pragma unroll
-    for (int s = 0; s < K; ++s)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int tile = tile0 + j * step;
-        const int m = tile * 16 + g + 8 * (i & 1), k = s * 16 + 2 * q + 8 * (i >> 1);
-        f[j][s][i] = tile < tiles ? pack(elem(m, k), elem(m, k + 1)) : 0u;
-      }
-}
 
 template <int KA, int R16>
 __global__ void __launch_bounds__(kThreads, 1) forward_kernel(LowRankPersistent a) {

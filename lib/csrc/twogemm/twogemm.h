@@ -104,11 +104,15 @@ cudaError_t lowrank_persistent_backward(const LowRankPlan& plan, const LowRankPe
 
 namespace elman {
 
-// ---- E23's persistent forward: one launch runs the whole sequence ---------------------------
-// A cluster of C CTAs (16 or 8) owns kTapeColumns batch columns; CTA c owns the state rows
-// I_c (S = ceil(D / C) of them): its rows of W_h and W_wr and its columns of the tape stay in
-// shared memory (tape_persistent.cu).
-constexpr int kTapeColumns = 4;
+// ---- E23's persistent kernels: one launch runs the whole sequence --------------------------
+// A cluster of C CTAs (4, 8 or 16) owns kTapeForwardColumns batch columns; CTA c owns 32 state
+// rows, holds its 32-row slices of W_h and W_wr (forward) or of their transposes (backward)
+// in registers (mma fragments) and its columns of the tape in shared memory; two exchanges a
+// step (tape_cta.cuh, tape_persistent.cu, tape_persistent_backward.cu). D <= kTapeMaxDim,
+// N <= kTapeMaxSlotsOnChip, bf16.
+constexpr int kTapeForwardColumns = 8;
+constexpr int kTapeMaxDim = 512;
+constexpr int kTapeMaxSlotsOnChip = 32;
 
 struct TapePersistent {
   int steps, batch, dim, slots, interval;  // interval: K, a tape checkpoint every K steps
@@ -123,6 +127,9 @@ struct TapePersistent {
   void* w_all;         // [T+1][B][D]
   void* tape_T;        // [B][N][D]
   void* ckpt;          // [ceil(T/K)][B][N][D]: the tape before steps 0, K, 2K, ...
+  void* u_all;         // W_wr w_t [T][B][D], or nullptr (then alpha_all, beta_all unused)
+  float* alpha_all;    // read weights [T][B][N]
+  float* beta_all;     // write weights [T][B][N]
   cudaStream_t stream;
 };
 
@@ -131,26 +138,33 @@ LowRankPlan tape_persistent_plan(int batch, int dim, int slots, bool bf16);
 template <typename T>
 cudaError_t tape_persistent_forward(const LowRankPlan& plan, const TapePersistent& a);
 
-// E23's persistent backward: per segment of K steps it recomputes the segment's tapes from
-// the checkpoint into shared memory, then runs the steps backward (tape_persistent_backward.cu).
+// The backward: segments of K steps last to first; each segment's tapes are recomputed from
+// its checkpoint with the saved u, beta (no exchange) into shared memory, then its steps run
+// backward with dL/dM on chip (fp32) and two exchanges a step.
 struct TapePersistentBackward {
   int steps, batch, dim, slots, interval;
-  const void* z;        // [T][B][D]
-  const void* w_h;      // [D][D]
-  const void* w_wr;     // [D][D]
-  const void* w_all;    // [T+1][B][D]
-  const void* u_all;    // W_wr w_t for t = 1..T: [T][B][D]
-  const void* ckpt;     // [ceil(T/K)][B][N][D]
-  const void* d_out;    // [T][B][D]
-  const void* d_hT;     // [B][D]
-  const float* d_tapeT; // [B][N][D]
-  void* d_pre;          // [T][B][D]
-  void* d_u;            // [T][B][D]
-  void* d_z;            // [T][B][D]
-  void* dh0;            // [B][D]
-  float* d_tape0;       // [B][N][D]
+  const void* z;           // [T][B][D]
+  const void* w_h;         // [D][D]
+  const void* w_wr;        // [D][D]
+  const void* w_all;       // [T+1][B][D]
+  const void* u_all;       // [T][B][D]
+  const float* alpha_all;  // [T][B][N]
+  const float* beta_all;   // [T][B][N]
+  const void* ckpt;        // [ceil(T/K)][B][N][D]
+  const void* d_out;       // [T][B][D]
+  const void* d_hT;        // [B][D]
+  const float* d_tapeT;    // [B][N][D]
+  void* d_pre;             // [T][B][D]
+  void* d_u;               // [T][B][D]
+  void* d_z;               // [T][B][D]
+  void* dh0;               // [B][D]
+  float* d_tape0;          // [B][N][D]
   cudaStream_t stream;
 };
+
+// The largest K <= ceil(sqrt(T)) whose segment of tapes fits the backward's shared memory
+// (0 where the persistent kernels do not take D and N).
+int tape_persistent_interval(int steps, int dim, int slots);
 
 LowRankPlan tape_persistent_backward_plan(int batch, int dim, int slots, int interval, bool bf16);
 

@@ -14,22 +14,24 @@ Two cells, time-major `[T, B, D]`:
   memory is (T/K + K) tapes, not the T + 1 of the whole history.
 
 GEMMs are torch/cuBLAS (`torch.mm` into preallocated buffers); the fused stages are the
-kernels of lib/csrc/twogemm. Paths: `persistent` (bf16; low-rank: one launch runs the whole
-sequence, a thread-block cluster whose CTAs own 64- or 128-row slices of the state, hold
-their slices of U and V in registers (tensor-core fragments) and exchange only the r-wide
-partial sums of V h and of d_pre U, by st.async into every peer with no cluster barrier a
-step; D a multiple of 8 up to 2048, r up to 256; lib/csrc/twogemm/persistent.cu and its
-CPU restatement schedule.py), `steps` (the loop launched from the stream), `graph` (the
-same loop captured once per shape in a CUDA graph and replayed on static buffers) and
-`auto` (the low-rank persistent kernel where it takes the size, else `graph`, or `steps`
-while the stream is itself being captured; E23's persistent kernels only when asked, see
-AUTO_PERSISTENT). E23's persistent
-forward (lib/csrc/twogemm/tape_persistent.cu) keeps W_h, W_wr and the tape's columns on chip
-and exchanges the N-wide scores and the D-wide w; its persistent backward
-(tape_persistent_backward.cu) recomputes each segment's tapes on chip from the checkpoints
-the forward writes; where a segment's tapes do not fit, the backward is the graph loop.
-`path="persistent"` raises where the forward kernel does not take the size. `last_path` says what ran. Every input goes through
-elman.core.validate before the extension is loaded.
+kernels of lib/csrc/twogemm. Paths: `persistent` (bf16; one launch runs the whole sequence
+on a thread-block cluster whose CTAs own slices of the state and hold their weight slices in
+registers as tensor-core fragments, exchanging by st.async into every peer with no cluster
+barrier a step. Low-rank: 64- or 128-row slices of U and V, only the r-wide partial sums of
+V h and of d_pre U cross the cluster; D a multiple of 8 up to 2048, r up to 256
+(lib/csrc/twogemm/persistent.cu). E23: 32-row slices of W_h and W_wr, each thread one state
+element and its tape column on chip, two exchanges a step (w_t with the N write-score
+partials, then the scalar u . w_t from which the next read scores follow as
+(1 - beta) W + beta u . w); D <= 512, N <= 32 (lib/csrc/twogemm/tape_persistent.cu); its
+backward recomputes each segment's tapes on chip from the checkpoints with the u and beta
+the forward stored, D a multiple of 8 (tape_persistent_backward.cu); where the backward does
+not take the size the graph loop runs it. schedule.py restates both designs on the CPU),
+`steps` (the loop launched from the stream), `graph` (the same loop captured once per shape
+in a CUDA graph and replayed on static buffers) and `auto` (the persistent kernel where it
+takes the size, else `graph`, or `steps` while the stream is itself being captured).
+`path="persistent"` raises where the forward kernel does not take the size. `last_path`
+says what ran (forward and backward). Every input goes through elman.core.validate before
+the extension is loaded.
 """
 from __future__ import annotations
 
@@ -77,13 +79,9 @@ def supported(B: int, D: int, dtype: torch.dtype, rank: int | None = None,
     raise ValueError("plan needs the low-rank cell's rank or the tape cell's slot count")
 
 
-# Which persistent designs `auto` takes. The low-rank kernels (tensor cores, factors in
-# registers, one r-wide exchange a step) are taken wherever they run. E23's persistent
-# kernels compute each state element's W_h w and W_wr w as a D-long scalar loop over shared
-# memory, a dependent chain of D multiply-adds a step (thousands of cycles): not faster than
-# the graph path's cuBLAS GEMMs, so `auto` never takes them; path="persistent" still runs
-# them where they fit (for comparison and parity).
-AUTO_PERSISTENT = {"lowrank": True, "tape": False}
+# Which persistent designs `auto` takes: both (tensor cores, weight slices in registers, no
+# cluster barrier a step).
+AUTO_PERSISTENT = {"lowrank": True, "tape": True}
 
 
 def plan(path: str, B: int, D: int, dtype: torch.dtype, rank: int | None = None,
@@ -323,6 +321,16 @@ def _state_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
+def tape_persistent_backward_interval(T: int, B: int, D: int, N: int, dtype: torch.dtype) -> int:
+    """K of the persistent backward (the largest K <= ceil(sqrt(T)) whose segment of tapes fits
+    on chip), or 0 where the persistent backward does not take this size."""
+    ext = _ext()
+    K = int(ext.tape_persistent_interval(T, D, N))
+    if K < 1 or not ext.tape_persistent_backward_supported(B, D, N, K, dtype == torch.bfloat16)[0]:
+        return 0
+    return K
+
+
 class TapeCell(torch.autograd.Function):
     """(x, z, W_x, W_h, W_wr, b, h0, tape0) -> (out, w_T, tape_T) of E23's step."""
 
@@ -330,27 +338,33 @@ class TapeCell(torch.autograd.Function):
     def forward(ctx, st, path, x, z, w_x, w_h, w_wr, b, h0, tape0):
         T, B, D = x.shape
         N = tape0.shape[1]
-        K = checkpoint_interval(T)
         x, z, w_x, w_h, w_wr, b, h0, tape0 = (validate.contiguous(t)
                                              for t in (x, z, w_x, w_h, w_wr, b, h0, tape0))
+        K_bwd = tape_persistent_backward_interval(T, B, D, N, x.dtype) if path == "persistent" else 0
+        K = K_bwd or checkpoint_interval(T)
         wx = (x.reshape(T * B, D) @ w_x.t()).view(T, B, D)
         out, w_all = ops.empty((T, B, D), x), ops.empty((T + 1, B, D), x)
         tape_T = ops.empty((B, N, D), x)
         ckpt = ops.empty(((T + K - 1) // K, B, N, D), x)
+        saved = ()
         if path == "persistent":
-            _ext().tape_persistent_forward(wx, z, w_h, w_wr, b, h0, tape0, out, w_all, tape_T, ckpt, K)
+            if K_bwd:  # what the persistent backward reads: u_t, alpha_t, beta_t
+                saved = (ops.empty((T, B, D), x), ops.empty((T, B, N), x, torch.float32),
+                         ops.empty((T, B, N), x, torch.float32))
+            _ext().tape_persistent_forward(wx, z, w_h, w_wr, b, h0, tape0, out, w_all, tape_T,
+                                           ckpt, K, *(saved or (None, None, None)))
         else:
             _run(path, "tape_forward", K, lambda **kw: tape_forward_loop(st, K, **kw),
                  dict(wx=wx, z=z, w_h=w_h, w_wr=w_wr, b=b, h0=h0, tape0=tape0),
                  dict(out=out, w_all=w_all, tape_T=tape_T, ckpt=ckpt))
-        ctx.save_for_backward(x, z, w_x, w_h, w_wr, w_all, ckpt)
-        ctx.st, ctx.path, ctx.K = st, path, K
+        ctx.save_for_backward(x, z, w_x, w_h, w_wr, w_all, ckpt, *saved)
+        ctx.st, ctx.path, ctx.K, ctx.persistent_backward = st, path, K, bool(saved)
         last_path["forward"] = path
         return out, w_all[T], tape_T
 
     @staticmethod
     def backward(ctx, d_out, d_hT, d_tapeT):
-        x, z, w_x, w_h, w_wr, w_all, ckpt = ctx.saved_tensors
+        x, z, w_x, w_h, w_wr, w_all, ckpt, *saved = ctx.saved_tensors
         T, B, D = x.shape
         dt = x.dtype
         d_out = (torch.zeros_like(x) if d_out is None else d_out).to(dt).contiguous()
@@ -361,17 +375,18 @@ class TapeCell(torch.autograd.Function):
         d_pre, d_u, d_z = (ops.empty((T, B, D), x) for _ in range(3))
         dh0 = ops.empty((B, D), x)
         d_tape0 = ops.empty(tuple(ckpt.shape[1:]), x, sd)
-        st, K, N = ctx.st, ctx.K, ckpt.shape[2]
+        st, K = ctx.st, ctx.K
         capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-        if ctx.path == "persistent":  # the persistent backward where it fits, else the graph loop
-            ok, _ = _ext().tape_persistent_backward_supported(B, D, N, K, dt == torch.bfloat16)
-            path = "persistent" if ok else ("steps" if capturing else "graph")
+        if ctx.persistent_backward:
+            path = "persistent"
+        elif ctx.path == "persistent":  # the forward ran persistent; its backward does not take the size
+            path = "steps" if capturing else "graph"
         else:
             path = "steps" if ctx.path == "graph" and capturing else ctx.path
         if path == "persistent":
-            u_all = (w_all[1:].reshape(T * B, D) @ w_wr.t()).view(T, B, D)
-            _ext().tape_persistent_backward(z, w_h, w_wr, w_all, u_all, ckpt, d_out, d_hT, d_tapeT,
-                                            d_pre, d_u, d_z, dh0, d_tape0, K)
+            u_all, alpha_all, beta_all = saved
+            _ext().tape_persistent_backward(z, w_h, w_wr, w_all, u_all, alpha_all, beta_all, ckpt,
+                                            d_out, d_hT, d_tapeT, d_pre, d_u, d_z, dh0, d_tape0, K)
         else:
             _run(path, "tape_backward", K, lambda **kw: tape_backward_loop(st, K, **kw),
                  dict(z=z, w_h=w_h, w_wr=w_wr, w_all=w_all, ckpt=ckpt, d_out=d_out, d_hT=d_hT,

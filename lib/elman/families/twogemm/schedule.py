@@ -91,3 +91,108 @@ def lowrank_backward(mode: int, c, u, v, h_all, p_all, aux, d_out, d_hT, C: int,
     du = dpre2.t() @ p_all.reshape(T * B, -1)
     dv = dp_all.reshape(T * B, -1).t() @ h_all[:T].reshape(T * B, D)
     return d_pre, d_c, du, dv, dpre2.sum(0), R(g)
+
+
+# ---- E23's persistent forward (lib/csrc/twogemm/tape_persistent.cu) --------------------------
+TAPE_ROWS = 32  # state rows per CTA
+TAPE_MAX_DIM = 512
+TAPE_MAX_SLOTS = 32
+
+
+def tape_cluster(D: int) -> int:
+    """C as the kernel's plan chooses it: the fewest CTAs of 32 rows (4, 8 or 16) covering D."""
+    C = 4
+    while C * TAPE_ROWS < D:
+        C *= 2
+    return C
+
+
+def tape_forward(x, z, w_x, w_h, w_wr, b, h0, tape0, K: int, rounding=None):
+    """E23's forward as the persistent kernel runs it. Per step, with s = 1 / sqrt(D):
+    alpha from the carried read scores R = M_{t-1} w_{t-1}; w_t and the output; the write
+    scores W = M_{t-1} w_t summed from per-CTA partials (32-row slices, fp32, rank order);
+    W_h w_t (next step) and u = W_wr w_t rounded; the tape update rounded; then the next read
+    scores R = (1 - beta) W + beta (u . w_t) (u . w_t also summed from per-CTA partials): the
+    tape is never multiplied by w a second time. Returns (out, w_all [T + 1, B, D], tape_T,
+    ckpt [ceil(T / K), B, N, D], u_all [T, B, D], alpha_all, beta_all [T, B, N]): the last
+    three are what the persistent backward reads."""
+    R = _rounder(rounding)
+    T, B, D = x.shape
+    C = tape_cluster(D)
+    sl = _slices(D, C, TAPE_ROWS)
+    s = D ** -0.5
+    wx = R(x @ w_x.t())
+    tape = R(tape0)
+    w = R(h0)
+    ckpt, us, alphas, betas = [], [], [], []
+    w_all, outs = [w], []
+    rs = torch.einsum("bnd,bd->bn", tape, w)
+    hw = R(w @ w_h.t())
+    for t in range(T):
+        if t % K == 0:
+            ckpt.append(tape)
+        alpha = torch.softmax(s * rs, dim=-1)
+        pre = hw + wx[t] + torch.einsum("bn,bnd->bd", alpha, tape) + b
+        w_new = torch.tanh(pre)
+        outs.append(R(w_new * torch.nn.functional.silu(z[t])))
+        w = R(w_new)
+        w_all.append(w)
+        ws = sum(torch.einsum("bnd,bd->bn", tape[..., i], w[:, i]) for i in sl)
+        beta = torch.softmax(s * ws, dim=-1)
+        hw, u = R(w @ w_h.t()), R(w @ w_wr.t())
+        tape = R((1 - beta)[..., None] * tape + beta[..., None] * u[:, None, :])
+        uw = sum((u[:, i] * w[:, i]).sum(-1) for i in sl)
+        rs = (1 - beta) * ws + beta * uw[:, None]
+        us.append(u)
+        alphas.append(alpha)
+        betas.append(beta)
+    return (torch.stack(outs), torch.stack(w_all), tape, torch.stack(ckpt), torch.stack(us),
+            torch.stack(alphas), torch.stack(betas))
+
+
+def tape_backward(x, z, w_x, w_h, w_wr, w_all, u_all, alpha_all, beta_all, ckpt, d_out, d_hT,
+                  d_tapeT, K: int, rounding=None):
+    """E23's backward as the persistent kernel runs it (tape_persistent_backward.cu):
+    segments of K steps last to first, each segment's tapes recomputed from its checkpoint with
+    the stored u and beta (no scores); per step the write's gradient (du, the dbeta partials
+    per CTA in rank order), W_wr^T du, d_pre (rounded), the read's gradient (the dalpha
+    partials), W_h^T d_pre; dL/dw and dL/dM in fp32, never rounded. Returns the gradients of
+    (x, z, W_x, W_h, W_wr, b, h0, tape0), the weights' by the op's GEMMs over the stored
+    d_pre and d_u."""
+    R = _rounder(rounding)
+    T, B, D = x.shape
+    sl = _slices(D, tape_cluster(D), TAPE_ROWS)
+    s = D ** -0.5
+    d_pre, d_u, d_z = (torch.empty_like(x) for _ in range(3))
+    g, dM = d_hT.clone(), d_tapeT.clone()
+    for start in range((T - 1) // K * K, -1, -K):
+        end = min(T, start + K)
+        tapes = [ckpt[start // K]]
+        for t in range(start, end - 1):
+            beta, u = beta_all[t], u_all[t]
+            tapes.append(R((1 - beta)[..., None] * tapes[-1] + beta[..., None] * u[:, None, :]))
+        for t in range(end - 1, start - 1, -1):
+            M, u, w, wp = tapes[t - start], u_all[t], w_all[t + 1], w_all[t]
+            alpha, beta = alpha_all[t], beta_all[t]
+            du = R(torch.einsum("bn,bnd->bd", beta, dM))
+            dbeta = sum(torch.einsum("bnd,bnd->bn", dM[..., i], u[:, None, i] - M[..., i])
+                        for i in sl)
+            dsw = s * beta * (dbeta - (beta * dbeta).sum(-1, keepdim=True))
+            gw = g + d_out[t] * torch.nn.functional.silu(z[t]) + \
+                torch.einsum("bn,bnd->bd", dsw, M) + du @ w_wr
+            d_u[t] = du
+            sg = torch.sigmoid(z[t])
+            d_z[t] = R(d_out[t] * w * sg * (1 + z[t] * (1 - sg)))
+            dM = (1 - beta)[..., None] * dM + dsw[..., None] * w[:, None, :]
+            dp = R(gw * (1 - w * w))
+            d_pre[t] = dp
+            dalpha = sum(torch.einsum("bd,bnd->bn", dp[:, i], M[..., i]) for i in sl)
+            dra = s * alpha * (dalpha - (alpha * dalpha).sum(-1, keepdim=True))
+            g = dp @ w_h + torch.einsum("bn,bnd->bd", dra, M)
+            dM = dM + alpha[..., None] * dp[:, None, :] + dra[..., None] * wp[:, None, :]
+    dp2 = d_pre.reshape(T * B, D)
+    dx = (dp2 @ w_x).view(T, B, D)
+    dw_x = dp2.t() @ x.reshape(T * B, D)
+    dw_h = dp2.t() @ w_all[:T].reshape(T * B, D)
+    dw_wr = d_u.reshape(T * B, D).t() @ w_all[1:].reshape(T * B, D)
+    return dx, d_z, dw_x, dw_h, dw_wr, dp2.sum(0), R(g), dM
