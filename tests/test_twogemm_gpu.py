@@ -112,7 +112,7 @@ def test_paths_agree_and_path_reported(level):
     e, cases = _case(level, torch.bfloat16)
     impls = [c.impl for c in cases]
     assert impls[-2:] == ["cuda:graph", "cuda:steps"]
-    assert "cuda:persistent" in impls
+    assert ("cuda:persistent" in impls) == (level != "E23n128")  # N = 128: not on chip
     res = {}
     for c in cases:
         a = {k: v.detach().to(torch.bfloat16).requires_grad_() for k, v in c.inputs.items()}
@@ -165,11 +165,11 @@ def test_layer_cuda_matches_reference(level):
         assert rel_error(a, b) < 1e-4
 
 
-def test_tape_persistent_backward_falls_back_where_segments_do_not_fit():
-    """E23 at N = 128, D = 512, T = 256: the forward runs persistent, a segment of 16 tapes
-    does not fit a cluster's shared memory, so the backward is the graph loop."""
-    e = registry.get("E23n128")
-    kw = inputs.reference_inputs(e.reference, Shape(256, 2, 512, None, 128), "cuda",
+def test_tape_persistent_backward_falls_back_where_d_is_not_a_multiple_of_8():
+    """E23 at D = 100: the forward runs persistent, the backward copies 16-byte rows and does
+    not take the size, so it is the graph loop (over the persistent forward's checkpoints)."""
+    e = registry.get("E23")
+    kw = inputs.reference_inputs(e.reference, Shape(9, 3, 100, None, 8), "cuda",
                                  torch.Generator(device="cuda").manual_seed(0))
     a = {k: v.detach().to(torch.bfloat16).requires_grad_() for k, v in kw.items()}
     outs = op.tape_cell(**a, path="persistent")
@@ -261,9 +261,104 @@ def test_lowrank_persistent_refuses_outside_design(B, D, r, why):
 
 
 def test_auto_takes_lowrank_persistent_not_tape():
-    """auto: the low-rank persistent kernel where it runs; E23's scalar persistent kernels
-    never (op.AUTO_PERSISTENT)."""
+    """auto: the persistent kernels where they run (op.AUTO_PERSISTENT): low-rank and E23
+    (D <= 512, N <= 32); E23 at N = 128 or D = 1024 and fp32 take the graph path."""
     assert op.plan("auto", 4, 512, torch.bfloat16, rank=128) == "persistent"
     assert op.plan("auto", 64, 1024, torch.bfloat16, rank=256) == "persistent"
     assert op.plan("auto", 4, 512, torch.float32, rank=128) == "graph"
-    assert op.plan("auto", 4, 512, torch.bfloat16, slots=8) == "graph"
+    assert op.plan("auto", 4, 512, torch.bfloat16, slots=8) == "persistent"
+    assert op.plan("auto", 64, 256, torch.bfloat16, slots=32) == "persistent"
+    assert op.plan("auto", 4, 512, torch.bfloat16, slots=128) == "graph"
+    assert op.plan("auto", 4, 1024, torch.bfloat16, slots=8) == "graph"
+    assert op.plan("auto", 4, 512, torch.float32, slots=8) == "graph"
+
+
+# ---- E23's persistent kernels at the edges of their design -----------------------------------
+# (T, B, N, D): one CTA column of a 4-CTA cluster with padded rows (D = 32, T = 1, B = 1);
+# 4 CTAs (D = 128), 8 (D = 256), 16 (D = 512: the target shape, B = 4); N = 32 (a slot per
+# lane); two clusters, the second partly filled (B = 9); B = 64 (eight clusters); D = 200
+# (rows padded in the last CTA); odd T, T = 1, and T long enough for many segments.
+TAPE_EDGES = [(1, 1, 8, 32), (7, 3, 8, 128), (17, 4, 32, 256), (33, 4, 8, 512), (9, 9, 32, 512),
+              (5, 64, 8, 512), (65, 4, 8, 200), (1, 2, 32, 512), (130, 2, 8, 64)]
+
+
+def _tape_inputs(T, B, N, D, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    kw = dict(device="cuda", generator=g, dtype=torch.float64)
+    return dict(x=torch.randn(T, B, D, **kw), z=torch.randn(T, B, D, **kw),
+                w_x=torch.randn(D, D, **kw) / D ** 0.5,
+                w_h=0.9 * torch.linalg.qr(torch.randn(D, D, **kw))[0],
+                w_wr=torch.randn(D, D, **kw) / D ** 0.5, b=0.1 * torch.randn(D, **kw),
+                h0=torch.rand(B, D, **kw) - 0.5, tape0=0.5 * torch.randn(B, N, D, **kw))
+
+
+@pytest.mark.parametrize("T,B,N,D", TAPE_EDGES)
+def test_tape_persistent_parity(T, B, N, D):
+    """Every output (the tape in the final state included) and every gradient of the
+    persistent forward and backward against fp64 autograd through the reference."""
+    from elman.variants import e23
+    x = _tape_inputs(T, B, N, D, seed=T + B + N + D)
+    g = torch.Generator(device="cuda").manual_seed(5)
+    cot = (torch.randn(T, B, D, device="cuda", generator=g, dtype=torch.float64),
+           torch.randn(B, D, device="cuda", generator=g, dtype=torch.float64),
+           torch.randn(B, N, D, device="cuda", generator=g, dtype=torch.float64))
+    names = tuple(x)
+    ref_leaves = {k: x[k].clone().requires_grad_() for k in names}
+    ref = e23.reference(ref_leaves["x"], ref_leaves["z"], ref_leaves["w_x"], ref_leaves["w_h"],
+                        ref_leaves["w_wr"], ref_leaves["b"], ref_leaves["h0"], ref_leaves["tape0"], N)
+    ref_grads = torch.autograd.grad(ref, [ref_leaves[k] for k in names], cot)
+    leaves = {k: x[k].to(torch.bfloat16).requires_grad_() for k in names}
+    outs = op.tape_cell(**leaves, path="persistent")
+    grads = torch.autograd.grad(outs, [leaves[k] for k in names],
+                                tuple(c.to(torch.bfloat16) for c in cot))
+    backward = "persistent" if D % 8 == 0 else "graph"
+    assert op.last_path == {"forward": "persistent", "backward": backward}
+    for name, a, b in zip(("out", "w_T", "tape_T", *names), (*outs, *grads), (*ref, *ref_grads)):
+        assert rel_error(a, b) < 3e-2, (name, rel_error(a, b))
+
+
+def test_tape_persistent_agrees_with_schedule():
+    """The kernels against their CPU restatement with the same bf16 roundings (schedule.py):
+    only fp32 summation orders differ."""
+    from elman.families.twogemm import schedule
+    T, B, N, D = 21, 5, 8, 512
+    x = {k: t.to(torch.bfloat16) for k, t in _tape_inputs(T, B, N, D, seed=3).items()}
+    K = op.tape_persistent_backward_interval(T, B, D, N, torch.bfloat16)
+    assert K == op.checkpoint_interval(T)
+    cpu = {k: t.float().cpu() for k, t in x.items()}
+    out, w_all, tape_T, ckpt, u_all, alpha_all, beta_all = schedule.tape_forward(
+        **cpu, K=K, rounding=torch.bfloat16)
+    g = torch.Generator().manual_seed(2)
+    cot = (torch.randn(T, B, D, generator=g).bfloat16().float(),
+           torch.randn(B, D, generator=g).bfloat16().float(), torch.randn(B, N, D, generator=g))
+    grads = schedule.tape_backward(cpu["x"], cpu["z"], cpu["w_x"], cpu["w_h"], cpu["w_wr"], w_all,
+                                   u_all, alpha_all, beta_all, ckpt, *cot, K, torch.bfloat16)
+    leaves = {k: t.clone().requires_grad_() for k, t in x.items()}
+    got = op.tape_cell(**leaves, path="persistent")
+    got_grads = torch.autograd.grad(got, list(leaves.values()),
+                                    (cot[0].cuda().bfloat16(), cot[1].cuda().bfloat16(), cot[2].cuda()))
+    for name, a, b in zip(("out", "w_T", "tape_T", *leaves), (*got, *got_grads),
+                          (out, w_all[-1], tape_T, *grads)):
+        assert rel_error(a.float().cpu(), b) < 1e-2, (name, rel_error(a.float().cpu(), b))
+
+
+@pytest.mark.parametrize("B,N,D,why", [(2, 128, 256, "N above 32"), (2, 8, 1024, "D above 512")])
+def test_tape_persistent_refuses_outside_design(B, N, D, why):
+    x = {k: t.to(torch.bfloat16) for k, t in _tape_inputs(2, B, N, D).items()}
+    with pytest.raises(ValueError, match=why):
+        op.tape_cell(**x, path="persistent")
+    op.tape_cell(**x, path="auto")
+    assert op.last_path["forward"] == "graph"
+
+
+def test_tape_persistent_interval_fits_n32():
+    """At N = 32 a segment of ceil(sqrt(T)) tapes does not fit shared memory: K shrinks, the
+    checkpoints follow it, and the backward stays persistent."""
+    T, B, N, D = 256, 4, 32, 512
+    K = op.tape_persistent_backward_interval(T, B, D, N, torch.bfloat16)
+    assert 1 <= K < op.checkpoint_interval(T)
+    x = {k: t.to(torch.bfloat16).requires_grad_() for k, t in _tape_inputs(T, B, N, D).items()}
+    outs = op.tape_cell(**x, path="auto")
+    torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
+    assert op.last_path == {"forward": "persistent", "backward": "persistent"}
+    assert all(torch.isfinite(t.grad).all() for t in x.values())
