@@ -34,6 +34,10 @@ constexpr int kCols = kTapeForwardColumns;  // batch columns per cluster: one pe
 static_assert(kCols == kWarps && kCols == 8, "one warp per batch column, one mma n-tile");
 constexpr int kPacketW = kRows * 2;         // bytes of the vector in a warp's packet
 
+// The cluster: the fewest CTAs of 32 rows (4, 8 or 16) that cover D.
+__host__ __device__ constexpr int cluster_for(int dim) {
+  return dim <= 4 * kRows ? 4 : dim <= 8 * kRows ? 8 : 16;
+}
 __host__ __device__ constexpr int padded_slots(int slots) { return (slots + 3) & ~3; }
 __host__ __device__ constexpr int gathered_width(int cluster) { return cluster * kRows + 8; }
 // Bytes of one exchange buffer (gathered vector and slot partials) and of the packets.

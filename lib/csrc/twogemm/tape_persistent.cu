@@ -224,7 +224,8 @@ Kernel pick(int cluster) {
 }
 
 }  // namespace
-// The cluster: the fewest CTAs of 32 rows (4, 8 or 16) that cover D.
+
+// The cluster: cluster_for(D) CTAs of 32 rows; one cluster per 8 batch columns.
 LowRankPlan tape_persistent_plan(int batch, int dim, int slots, bool bf16) {
   LowRankPlan plan;
   if (batch < 1 || dim < 1 || slots < 1) {
@@ -247,8 +248,7 @@ LowRankPlan tape_persistent_plan(int batch, int dim, int slots, bool bf16) {
                   "16 CTAs of 32 rows";
     return plan;
   }
-  int cluster = 4;
-  while (cluster * kRows < dim) cluster *= 2;
+  const int cluster = cluster_for(dim);
   const int smem = Smem(cluster, slots).bytes;
   if (!cluster_fits(pick(cluster), cluster, smem)) {
     plan.reason = "the GPU cannot hold one cluster of this shape";

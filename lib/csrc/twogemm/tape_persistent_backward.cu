@@ -252,56 +252,41 @@ Kernel pick(int cluster) {
   }
 }
 
-int cluster_of(int dim) {
-  int cluster = 4;
-  while (cluster * kRows < dim) cluster *= 2;
-  return cluster;
-}
-
 }  // namespace
 
 int tape_persistent_interval(int steps, int dim, int slots) {
   if (steps < 1 || dim < 1 || dim > kTapeMaxDim || slots < 1 || slots > kTapeMaxSlotsOnChip) return 0;
   int k = 1;
   while (k * k < steps) ++k;  // ceil(sqrt(T)), as the per-step paths take it
-  const int cluster = cluster_of(dim);
+  const int cluster = cluster_for(dim);
   while (k > 1 && Smem(cluster, slots, k).bytes > kSmemBudget) --k;
   return Smem(cluster, slots, k).bytes <= kSmemBudget ? k : 0;
 }
 
+// The forward's limits (tape_persistent_plan), D a multiple of 8 and a segment of K tapes on chip.
 LowRankPlan tape_persistent_backward_plan(int batch, int dim, int slots, int interval, bool bf16) {
-  LowRankPlan plan;
-  if (batch < 1 || dim < 1 || slots < 1 || interval < 1) {
-    plan.reason = "B, D, N and K must be at least 1";
-    return plan;
-  }
-  if (!bf16) {
-    plan.reason = "the persistent kernels are bf16 only";
-    return plan;
-  }
-  if (slots > kTapeMaxSlotsOnChip || dim > kTapeMaxDim) {
-    plan.reason = "the forward's limits: N <= 32, D <= 512";
+  LowRankPlan plan = tape_persistent_plan(batch, dim, slots, bf16);
+  if (!plan.ok) return plan;
+  plan.ok = false;
+  if (interval < 1) {
+    plan.reason = "K must be at least 1";
     return plan;
   }
   if (dim % 8 != 0) {
     plan.reason = "D must be a multiple of 8 (a segment's inputs are copied in 16-byte rows)";
     return plan;
   }
-  const int cluster = cluster_of(dim);
-  const int smem = Smem(cluster, slots, interval).bytes;
-  if (smem > kSmemBudget) {
+  plan.smem = Smem(plan.cluster, slots, interval).bytes;
+  if (plan.smem > kSmemBudget) {
     plan.reason = "a segment of K tapes does not fit shared memory (the op takes "
                   "K = tape_persistent_interval)";
     return plan;
   }
-  if (!cluster_fits(pick(cluster), cluster, smem)) {
+  if (!cluster_fits(pick(plan.cluster), plan.cluster, plan.smem)) {
     plan.reason = "the GPU cannot hold one cluster of this shape";
     return plan;
   }
   plan.ok = true;
-  plan.cluster = cluster;
-  plan.clusters = (batch + kCols - 1) / kCols;
-  plan.smem = smem;
   return plan;
 }
 
