@@ -407,3 +407,65 @@ def test_tape_persistent_backward_schedule_bf16_within_tolerance(N):
     for name, a, b in zip(("out", "w_T", "tape_T", "x", "z", "W_x", "W_h", "W_wr", "b", "h0",
                            "tape0"), (out, w, tape, *grads), (ref_out, ref_w, ref_tape, *ref_grads)):
         assert rel_error(a.double(), b) < 3e-2, name
+
+
+class _ScheduleExtension:
+    """The persistent E23 entry points of elman_twogemm, run by schedule.py in the inputs'
+    dtype: the op's wiring (K, saved tensors, argument order, the GEMMs after the kernels)
+    checked on the CPU."""
+    def __init__(self, K: int):
+        self.K, self.calls = K, []
+
+    def tape_persistent_supported(self, B, D, N, bf16):
+        return True, ""
+
+    def tape_persistent_interval(self, T, D, N):
+        return self.K
+
+    def tape_persistent_backward_supported(self, B, D, N, K, bf16):
+        return True, ""
+
+    def tape_persistent_forward(self, wx, z, w_h, w_wr, b, h0, tape0, out, w_all, tape_T, ckpt, K,
+                                u_all, alpha_all, beta_all):
+        from elman.families.twogemm import schedule
+        self.calls.append(("forward", K))
+        eye = torch.eye(wx.shape[-1], dtype=wx.dtype)
+        res = schedule.tape_forward(wx, z, eye, w_h, w_wr, b, h0, tape0, K=K)
+        for dst, src in zip((out, w_all, tape_T, ckpt, u_all, alpha_all, beta_all), res):
+            dst.copy_(src)
+
+    def tape_persistent_backward(self, z, w_h, w_wr, w_all, u_all, alpha_all, beta_all, ckpt,
+                                 d_out, d_hT, d_tapeT, d_pre, d_u, d_z, dh0, d_tape0, K):
+        from elman.families.twogemm import schedule
+        self.calls.append(("backward", K))
+        res = schedule.tape_backward_steps(z, w_h, w_wr, w_all, u_all, alpha_all.to(z.dtype),
+                                           beta_all.to(z.dtype), ckpt, d_out, d_hT,
+                                           d_tapeT.to(z.dtype), K)
+        for dst, src in zip((d_pre, d_u, d_z, dh0, d_tape0), res):
+            dst.copy_(src)
+
+
+@pytest.mark.parametrize("T,K", [(1, 1), (7, 3), (10, 2)])
+def test_tape_op_persistent_wiring(monkeypatch, T, K):
+    """TapeCell's persistent path with the kernels replaced by their CPU restatement: the
+    interval K reaches both kernels and the checkpoints, the saved u, alpha, beta reach the
+    backward, and outputs and every gradient equal autograd through the reference (up to the
+    fp32 storage of alpha and beta)."""
+    from elman.variants import e23
+    fake = _ScheduleExtension(K)
+    monkeypatch.setattr(op, "_ext", lambda: fake)
+    B, D, N = 2, 40, 4
+    x = _tape_case(T, B, D, N)
+    leaves = {k: t.clone().requires_grad_() for k, t in x.items()}
+    outs = op.TapeCell.apply(None, "persistent", *leaves.values())
+    cot = _cotangents(T, B, D, N)
+    grads = torch.autograd.grad(outs, list(leaves.values()), cot)
+    assert fake.calls == [("forward", K), ("backward", K)]
+    assert op.last_path == {"forward": "persistent", "backward": "persistent"}
+    ref_leaves = {k: t.clone().requires_grad_() for k, t in x.items()}
+    ref = e23.reference(*ref_leaves.values(), N)
+    ref_grads = torch.autograd.grad(ref, list(ref_leaves.values()), cot)
+    for a, b in zip(outs, ref):
+        assert (a - b).abs().max() < 1e-10
+    for name, a, b in zip(x, grads, ref_grads):
+        assert rel_error(a, b) < 1e-5, name

@@ -150,20 +150,19 @@ def tape_forward(x, z, w_x, w_h, w_wr, b, h0, tape0, K: int, rounding=None):
             torch.stack(alphas), torch.stack(betas))
 
 
-def tape_backward(x, z, w_x, w_h, w_wr, w_all, u_all, alpha_all, beta_all, ckpt, d_out, d_hT,
-                  d_tapeT, K: int, rounding=None):
-    """E23's backward as the persistent kernel runs it (tape_persistent_backward.cu):
-    segments of K steps last to first, each segment's tapes recomputed from its checkpoint with
-    the stored u and beta (no scores); per step the write's gradient (du, the dbeta partials
-    per CTA in rank order), W_wr^T du, d_pre (rounded), the read's gradient (the dalpha
-    partials), W_h^T d_pre; dL/dw and dL/dM in fp32, never rounded. Returns the gradients of
-    (x, z, W_x, W_h, W_wr, b, h0, tape0), the weights' by the op's GEMMs over the stored
-    d_pre and d_u."""
+def tape_backward_steps(z, w_h, w_wr, w_all, u_all, alpha_all, beta_all, ckpt, d_out, d_hT,
+                        d_tapeT, K: int, rounding=None):
+    """E23's backward kernel as it runs (tape_persistent_backward.cu): segments of K steps
+    last to first, each segment's tapes recomputed from its checkpoint with the stored u and
+    beta (no scores); per step the write's gradient (du, the dbeta partials per CTA in rank
+    order), W_wr^T du, d_pre (rounded), the read's gradient (the dalpha partials), W_h^T d_pre;
+    dL/dw and dL/dM in fp32, never rounded. Returns what the kernel writes: (d_pre, d_u, d_z
+    [T, B, D], dh0 [B, D], d_tape0 [B, N, D])."""
     R = _rounder(rounding)
-    T, B, D = x.shape
+    T, B, D = z.shape
     sl = _slices(D, tape_cluster(D), TAPE_ROWS)
     s = D ** -0.5
-    d_pre, d_u, d_z = (torch.empty_like(x) for _ in range(3))
+    d_pre, d_u, d_z = (torch.empty_like(z) for _ in range(3))
     g, dM = d_hT.clone(), d_tapeT.clone()
     for start in range((T - 1) // K * K, -1, -K):
         end = min(T, start + K)
@@ -190,9 +189,20 @@ def tape_backward(x, z, w_x, w_h, w_wr, w_all, u_all, alpha_all, beta_all, ckpt,
             dra = s * alpha * (dalpha - (alpha * dalpha).sum(-1, keepdim=True))
             g = dp @ w_h + torch.einsum("bn,bnd->bd", dra, M)
             dM = dM + alpha[..., None] * dp[:, None, :] + dra[..., None] * wp[:, None, :]
+    return d_pre, d_u, d_z, R(g), dM
+
+
+def tape_backward(x, z, w_x, w_h, w_wr, w_all, u_all, alpha_all, beta_all, ckpt, d_out, d_hT,
+                  d_tapeT, K: int, rounding=None):
+    """The gradients of (x, z, W_x, W_h, W_wr, b, h0, tape0): the kernel's steps
+    (tape_backward_steps), then the op's GEMMs over the stored d_pre and d_u."""
+    T, B, D = x.shape
+    d_pre, d_u, d_z, dh0, d_tape0 = tape_backward_steps(z, w_h, w_wr, w_all, u_all, alpha_all,
+                                                        beta_all, ckpt, d_out, d_hT, d_tapeT,
+                                                        K, rounding)
     dp2 = d_pre.reshape(T * B, D)
     dx = (dp2 @ w_x).view(T, B, D)
     dw_x = dp2.t() @ x.reshape(T * B, D)
     dw_h = dp2.t() @ w_all[:T].reshape(T * B, D)
     dw_wr = d_u.reshape(T * B, D).t() @ w_all[1:].reshape(T * B, D)
-    return dx, d_z, dw_x, dw_h, dw_wr, dp2.sum(0), R(g), dM
+    return dx, d_z, dw_x, dw_h, dw_wr, dp2.sum(0), dh0, d_tape0
