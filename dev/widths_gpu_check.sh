@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The dense persistent path at every width on a GPU (H100, about 4 minutes): build the dense
-# extension, run the width tests and the E63 persistent tests, then time the per-step
+# The dense persistent path at every width on a GPU (H100, about 5 minutes): build the dense
+# extension, run the width tests (with the wide design's edges at D = 1280 and its jitter
+# check, which builds elman_dense_jitter) and the E63 persistent tests, then time the per-step
 # forward of E1 on the persistent and graph paths at every multiple of 128 from 256 to 2048,
-# B = 4, 16, 64, 128, with issue 20's committed numbers as PASS / MISS lines.
+# B = 4, 16, 64, 128, with issue 20's committed numbers as PASS / MISS lines (D = 1280 runs
+# the wide cluster design, lib/csrc/dense/wide.cuh).
 #
 #   PYTHONPATH=/tmp/site:$PWD/lib ELMAN_BUILD_DIR=/tmp/elman-build bash dev/widths_gpu_check.sh
 #

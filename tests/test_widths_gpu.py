@@ -1,10 +1,12 @@
 """The persistent path at every supported width on the GPU (skipped without CUDA): the
 compiled plans agree with `op.persistent_size` for every epilogue of the table (D = 128 ..
 2176 in steps of 128 at B from 1 to 130), and at each design's edges (cluster: D = 256 and
-1024 at B = 1 and 128; grid: D = 384, 1152, 1920, 2048 at B = 1 and 64, the training widths
-1280 and 1536) the persistent path agrees with the graph path forward and backward, bf16, for
-E1's epilogue (tanh_silu_gate), E33's self gate (no gate input) and E63a (reads h_{t-1}), and
-`last_path` says that the persistent path ran; sizes outside the set run on the graph path."""
+1024 at B = 1 and 128; wide: D = 1280 at B = 1, 8, 9 (a second cluster), 64 and 130 (clusters
+in waves); grid: D = 384, 1152, 1920, 2048 at B = 1 and 64, the training width 1536 at B = 1,
+8, 9, 64) the persistent path agrees with the graph path forward and backward, bf16, for E1's
+epilogue (tanh_silu_gate), E33's self gate (no gate input), E63a (reads h_{t-1}) and, at
+D = 1280, E63b (two gates, reads h_{t-1}), and `last_path` says that the persistent path ran;
+sizes outside the set run on the graph path."""
 from __future__ import annotations
 
 import functools
@@ -20,7 +22,10 @@ pytestmark = [pytest.mark.gpu,
 
 EDGES = [(5, 1, 256), (4, 128, 256), (5, 1, 1024), (4, 128, 1024),
          (5, 1, 384), (4, 64, 384), (5, 1, 1152), (4, 64, 1152), (5, 9, 1920), (4, 64, 1920),
-         (5, 1, 2048), (4, 64, 2048), (4, 16, 1280), (4, 64, 1536)]
+         (5, 1, 2048), (4, 64, 2048),
+         (5, 1, 1280), (4, 8, 1280), (5, 9, 1280), (4, 64, 1280), (3, 130, 1280),
+         (5, 1, 1536), (4, 8, 1536), (5, 9, 1536), (4, 64, 1536)]
+WIDE = [(5, 1, 1280), (4, 8, 1280), (5, 9, 1280), (4, 64, 1280)]
 TOL = 3e-2
 
 
@@ -70,9 +75,9 @@ def test_persistent_agrees_with_graph_at_the_edges(epilogue, T, B, D):
         assert rel_error(fast[name], ref[name]) < TOL, (epilogue, T, B, D, name)
 
 
-def _delta_inputs(T, B, D, seed):
+def _delta_inputs(T, B, D, seed, variant="a"):
     g = torch.Generator(device="cuda").manual_seed(seed)
-    G = delta.CHANNELS["a"]
+    G = delta.CHANNELS[variant]
     pre = torch.randn(T, B, G * D, device="cuda", generator=g, dtype=torch.float64)
     w = torch.randn(D, D, device="cuda", generator=g, dtype=torch.float64)
     w = w * (0.9 / torch.linalg.matrix_norm(w, ord=2))
@@ -80,13 +85,15 @@ def _delta_inputs(T, B, D, seed):
     return (t.to(torch.bfloat16).requires_grad_() for t in (pre, w, h0))
 
 
-@pytest.mark.parametrize("T,B,D", [(5, 1, 384), (4, 64, 1152), (5, 9, 1920), (4, 64, 2048),
-                                   (4, 128, 1024), (4, 16, 1280)])
-def test_e63a_persistent_agrees_with_graph_at_the_edges(T, B, D):
+@pytest.mark.parametrize("variant,T,B,D", [
+    *(("a", *s) for s in [(5, 1, 384), (4, 64, 1152), (5, 9, 1920), (4, 64, 2048), (4, 128, 1024),
+                          *WIDE, (5, 1, 1536), (5, 9, 1536), (4, 64, 1536)]),
+    *(("b", *s) for s in WIDE)])
+def test_e63_persistent_agrees_with_graph_at_the_edges(variant, T, B, D):
     results = {}
     for path in ("persistent", "graph"):
-        pre, w_h, h0 = _delta_inputs(T, B, D, seed=D + B)
-        out, h_T = delta.cell("a", pre, w_h, h0, path)
+        pre, w_h, h0 = _delta_inputs(T, B, D, seed=D + B, variant=variant)
+        out, h_T = delta.cell(variant, pre, w_h, h0, path)
         assert delta.last_path["forward"] == path
         g = torch.Generator(device="cuda").manual_seed(7)
         (out.float() * torch.randn(out.shape, device="cuda", generator=g)).sum().add(
@@ -94,15 +101,27 @@ def test_e63a_persistent_agrees_with_graph_at_the_edges(T, B, D):
         assert delta.last_path["backward"] == path
         results[path] = (out, h_T, pre.grad, w_h.grad, h0.grad)
     for a, b, n in zip(results["persistent"], results["graph"], ("out", "h_T", "pre", "W_h", "h0")):
-        assert rel_error(a, b) < TOL, (T, B, D, n)
+        assert rel_error(a, b) < TOL, (variant, T, B, D, n)
 
 
-@pytest.mark.parametrize("B,D,want", [(4, 1280, "persistent"), (65, 1280, "graph"),
+@pytest.mark.parametrize("B,D,want", [(4, 1280, "persistent"), (130, 1280, "persistent"),
+                                      (65, 1152, "graph"),
                                       (128, 1024, "persistent"), (4, 1300, "graph"),
                                       (4, 2176, "graph")])
 def test_auto_path_follows_the_predicate(B, D, want):
     out = _dense_run_auto(B, D)
     assert op.last_path["forward"] == want and out.isfinite().all()
+
+
+def test_wide_plan_at_1280():
+    ext = op._ext()
+    for epilogue in sorted(op.epilogues()):
+        for B, clusters in ((1, 1), (8, 1), (9, 2), (64, 8), (130, 17)):
+            for backward in (False, True):
+                plan = ext.persistent_plan(B, 1280, backward, op.epilogue_id(epilogue))
+                assert plan["ok"] and plan["design"] == "wide", (epilogue, B, plan)
+                assert (plan["cluster"], plan["bc"], plan["clusters"]) == (16, 8, clusters), plan
+                assert plan["max_active_clusters"] >= 1, plan
 
 
 def _dense_run_auto(B, D):
@@ -111,3 +130,34 @@ def _dense_run_auto(B, D):
     kw = {k: v.to(torch.bfloat16) for k, v in kw.items()}
     out, _ = op.cell("tanh_silu_gate", kw["x"], (kw["z"],), None, kw["w_h"], kw["b"], kw["h0"])
     return out
+
+
+# ---- races in the wide design: the jitter build (ELMAN_JITTER) changes no bit -------------
+def _raw_run(ext, s):
+    """E1's persistent forward and backward through the extension on NaN-filled outputs."""
+    T, B, D = s["x"].shape
+    nan = float("nan")
+    out, h_all = torch.full_like(s["x"], nan), s["x"].new_full((T + 1, B, D), nan)
+    dv, dz, dh0 = torch.full_like(out, nan), torch.full_like(out, nan), torch.full_like(s["h0"], nan)
+    eid = ext.epilogues()["tanh_silu_gate"]["id"]
+    ext.forward(eid, s["x"], [s["z"]], s["w_h"], s["b"], s["h0"], out, h_all, True)
+    ext.backward(eid, s["w_h"], h_all, [s["z"]], s["d_out"], s["d_hT"], dv, [dz], dh0, True)
+    torch.cuda.synchronize()
+    return {"out": out, "h_all": h_all, "dv": dv, "dz": dz, "dh0": dh0}
+
+
+@pytest.mark.parametrize("T,B,D", [(16, 9, 1280), (8, 64, 1280), (6, 130, 1280)])
+def test_wide_jitter_changes_no_bit(T, B, D):
+    from elman.core import extension
+    g = torch.Generator(device="cuda").manual_seed(T + B)
+    s = inputs.random_inputs(T, B, D, ("x", "z", "w_h", "b", "h0"), "cuda", g)
+    s = {k: v.detach().to(torch.bfloat16) for k, v in s.items()}
+    s["d_out"] = torch.randn(T, B, D, device="cuda", generator=g).to(torch.bfloat16)
+    s["d_hT"] = torch.randn(B, D, device="cuda", generator=g).to(torch.bfloat16)
+    plain = _raw_run(extension.load("dense"), s)
+    again = _raw_run(extension.load("dense"), s)
+    jittered = _raw_run(extension.load("dense", jitter=True), s)
+    for name, a in plain.items():
+        assert not a.isnan().any(), f"{name}: elements left unwritten at B={B}"
+        assert torch.equal(a, again[name]), f"{name}: two runs differ at B={B}"
+        assert torch.equal(a, jittered[name]), f"{name} differs under jitter at T={T} B={B}"

@@ -99,9 +99,11 @@ template <typename T>
 cudaError_t dense_steps_backward(cublasHandle_t handle, int epilogue, const DenseBackward& a,
                                  float* ws);
 
-// ---- persistent path (bf16, sm_90): W_h lives in registers for the whole sequence ------
-// Two designs: "cluster" (D = 256, 512, 768, 1024; persistent.cuh): one thread-block cluster
-// holds W_h and owns `bc` batch columns; "grid" (the other multiples of 128 up to 2048;
+// ---- persistent path (bf16, sm_90): W_h lives on chip for the whole sequence -----------
+// Three designs: "cluster" (D = 256, 512, 768, 1024; persistent.cuh): one thread-block cluster
+// holds W_h in registers and owns `bc` batch columns; "wide" (D = 1280; wide.cuh): a 16-CTA
+// cluster per 8 batch columns holds W_h in registers and shared memory; "grid" (the other
+// multiples of 128 up to 2048;
 // grid.cuh): 4 D / 64 CTAs without clusters hold 64 x 512 tiles (zero-padded beyond D) and
 // exchange state and partial sums through L2 (B <= 64).
 struct PersistentPlan {
@@ -110,13 +112,13 @@ struct PersistentPlan {
   const char* design = "cluster";
   int cluster = 0;     // CTAs per cluster (1 in the grid design)
   int clusters = 0;    // clusters launched (grid: CTAs of one launch)
-  int bc = 0;          // batch columns per cluster (cluster: 8 or 16; grid: 8 to 64)
+  int bc = 0;          // batch columns per cluster (cluster: 8 or 16; wide: 8; grid: 8 to 64)
   int smem = 0;        // dynamic shared memory per CTA, bytes
   int max_active = 0;  // clusters (grid: CTAs) of this shape the GPU can hold at once
   size_t xchg_bytes = 0;  // global workspace of the exchange (the launcher's `xchg`)
 };
 
-// Either design's plan for this epilogue (the cluster design where it takes D, else the grid).
+// The plan of the design that takes D (cluster, wide, else grid) for this epilogue.
 PersistentPlan dense_persistent_plan(int epilogue, int batch, int dim, bool backward);
 
 cudaError_t dense_persistent_forward(int epilogue, const DenseForward& a);

@@ -26,9 +26,10 @@ The compiled op (lib/csrc/dense/delta.*) owns the recurrence:
 Paths: `steps` (launched from the stream), `graph` (the same loop captured once per shape
 in a CUDA graph and replayed) and, for modes a, b and d in bf16, `persistent`: the dense
 family's persistent kernels (the sizes of op.persistent_size: cluster design at D = 256, 512,
-768, 1024, grid design at the other multiples of 128 up to 2048 with B <= 64)
+768, 1024, wide cluster design at D = 1280, grid design at the other multiples of 128 up to
+2048 with B <= 64)
 with the epilogues `delta_complementary`, `delta_independent`, `delta_additive` of
-lib/csrc/dense/epilogues.cuh. There W_h stays in registers for the whole sequence; the thread
+lib/csrc/dense/epilogues.cuh. There W_h stays on chip for the whole sequence; the thread
 that finishes an element of h_t keeps h_{t-1} (fp32) and, backward, the direct gradient term
 dh_t * dh_t/dh_{t-1} in registers; the forward stores v_t (bf16) for the backward, which
 produces the gate gradients after the product (dh q_i). The input side arrives as contiguous

@@ -14,7 +14,8 @@ from . import op
 # persistent kernels take: the cluster design at D = 256..1024 in steps of 256 (B = 130
 # needs two waves of 16-column clusters at D = 1024), the grid design at D = 2048 with
 # 8, 32 and 64 batch columns and at its padded widths (384: one tile of six blocks; 1152
-# and 1920: the last tile partly beyond D); B = 70 is beyond it: the per-step path.
+# and 1920: the last tile partly beyond D), B = 70 beyond it (the per-step path); the wide
+# cluster design at D = 1280, B = 70 (nine clusters of 8 columns, the last one partly empty).
 TEST_SHAPES = shapes(
     (1, 1, 32), (7, 3, 100), (33, 2, 48), (64, 4, 256), (17, 5, 512),
     (9, 16, 1024), (13, 64, 512), (5, 8, 768), (3, 2, 2048), (6, 64, 1024), (4, 130, 1024),

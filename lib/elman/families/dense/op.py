@@ -12,10 +12,11 @@ with k gate inputs g_1..g_k (E0/E1's "tanh_silu_gate": k = 1, h = tanh(v), out =
 - forward  `(wx, gates, W_h, b, h0) -> (out, h_all)` with `h_all[0] = h0`, `h_all[t+1] = h_t`;
 - backward `(W_h, h_all, gates, d_out, d_hT) -> (dv, d_gates, dh0)`.
 
-Three paths run the op: `persistent` (bf16; W_h stays in registers for the whole sequence:
-of one thread-block cluster at D = 256, 512, 768, 1024 and any B, of a grid of 4 D / 64 CTAs
-exchanging through L2 at the other multiples of 128 up to 2048 and B <= 64; the set is
-`persistent_size`; chapter "Kernel engineering"), `steps` (one cuBLAS GEMM plus one fused
+Three paths run the op: `persistent` (bf16; W_h stays on chip for the whole sequence: in
+the registers of one thread-block cluster at D = 256, 512, 768, 1024 and any B, in the
+registers and shared memory of a 16-CTA cluster per 8 batch columns at D = 1280 and any B,
+in a grid of 4 D / 64 CTAs exchanging through L2 at the other multiples of 128 up to 2048 and
+B <= 64; the set is `persistent_size`; chapter "Kernel engineering"), `steps` (one cuBLAS GEMM plus one fused
 elementwise kernel per step, launched from the stream; any size, fp32 and bf16) and `graph`
 (the same per-step loop captured once per shape in a CUDA graph and replayed on static
 buffers, which removes the launch cost of every step). `path="auto"` takes the persistent
@@ -85,29 +86,33 @@ def validate_cell(x, gates, w_x, w_h, b, h0, path: str) -> None:
 
 
 CLUSTER_WIDTHS = (256, 512, 768, 1024)  # the cluster design's D: any B
+WIDE_WIDTHS = (1280,)                    # the wide cluster design's D: any B
 GRID_MAX_BATCH = 64                      # the grid design's largest B (every other D)
 MAX_WIDTH = 2048
 
 
 def persistent_design(D: int) -> str:
-    """The persistent design that takes width D (of the supported set): 'cluster' or 'grid'."""
-    return "cluster" if D in CLUSTER_WIDTHS else "grid"
+    """The persistent design that takes width D (of the supported set): 'cluster', 'wide'
+    (a 16-CTA cluster per 8 batch columns, W_h split between registers and shared memory;
+    D = 1536 does not fit one: lib/csrc/dense/wide.cuh) or 'grid'."""
+    return "cluster" if D in CLUSTER_WIDTHS else "wide" if D in WIDE_WIDTHS else "grid"
 
 
 def persistent_size(B: int, D: int) -> tuple[bool, str]:
     """(ok, reason): whether the persistent kernels take this B and D, the one statement of
     the supported set (bf16 on sm_90 besides): D a multiple of 128 from 256 to 2048; at
-    D = 256, 512, 768, 1024 (cluster design) any B, at the other widths (grid design) B <= 64;
-    B * D below 2^31. The compiled plans agree (tests/test_widths_gpu.py)."""
+    D = 256, 512, 768, 1024 (cluster design) and 1280 (wide design) any B, at the other widths
+    (grid design) B <= 64; B * D below 2^31. The compiled plans agree
+    (tests/test_widths_gpu.py)."""
     if B < 1 or D < 1:
         return False, "B and D must be at least 1"
     if D % 128 != 0 or not 256 <= D <= MAX_WIDTH:
         return False, f"D must be a multiple of 128 from 256 to {MAX_WIDTH}, got {D}"
     if B * D >= 2 ** 31:
         return False, f"B * D must be below 2^31, got {B * D}"
-    if D not in CLUSTER_WIDTHS and B > GRID_MAX_BATCH:
+    if persistent_design(D) == "grid" and B > GRID_MAX_BATCH:
         return False, (f"at D = {D} (the grid design) B must be <= {GRID_MAX_BATCH}, got {B}; "
-                       f"D in {CLUSTER_WIDTHS} take any B")
+                       f"D in {CLUSTER_WIDTHS + WIDE_WIDTHS} take any B")
     return True, ""
 
 

@@ -1,0 +1,610 @@
+// The wide cluster design of the dense persistent path (bf16, sm_90): D = 1280, where one
+// 16-CTA cluster can no longer hold W_h in registers alone.
+//
+// A cluster of 16 CTAs (a non-portable size) owns 8 batch columns; CTA r owns rows
+// [R r, R r + R) of W_h (backward: of W_h^T), R = D / 16 = 80, five mma m-tiles. Its 16 warps
+// form a 2 x 8 grid as in the cluster design (persistent.cuh): warp (m, k) multiplies rows
+// [32 m, 32 m + 32) of the slice by the columns of source slices 2k and 2k + 1 (10 k-steps),
+// and in addition the last 16 rows [64, 80) by the columns of its "own" slice 2k + m (5
+// k-steps), so each warp runs 25 mma a step and the 16 own slices cover every column once.
+// Of a warp's 20 fragments of the first 64 rows, kRegSteps k-steps (8: 16 fragments, 64
+// registers, as at D = 1024; 7 where 8 spills, kRegStepsOf) stay in registers; the rest and
+// the 5 fragments of the last 16 rows live in shared memory in fragment order (lane l's four
+// registers are 16 consecutive bytes: one conflict-free 16-byte load each), read every step.
+//
+// Budget at D = 1280 (per CTA): W_h slice 80 x 1280 bf16 = 200 KB = 128 KB in registers
+// (64 a thread) + 72 KB in shared memory (9 fragments of 512 bytes a warp; 112 + 88 KB at
+// kRegSteps = 7); state double buffer 2 x 16 sources x 8 columns x (80 + 8) bf16 = 44 KB;
+// partial sums 16 planes x 8 x 84 floats = 42 KB; staged inputs 4 x kIn x 1.25 KB (10-30 KB);
+// 168-200 KB of the 227 KB (E1's forward: 168 KB). Every kernel: 128 registers, no spills.
+// Per step each warp reads 4.5 KB of weights and 2.5 KB of state B fragments from shared
+// memory: 112 KB a CTA, about 900 clocks at 128 bytes a clock spread over the multiply
+// (at D = 1024: 32 KB of B fragments). The exchange is one 1408-byte slice a CTA a step,
+// multicast to the 16 CTAs. D = 1536 does not fit: 96 x 1536 bf16 = 288 KB a CTA, of which
+// at most ~128 KB in registers leaves 160 KB of weights beside a 52 KB state buffer, 20 KB
+// of partial sums (at 8 planes) and the staged inputs: over 227 KB.
+//
+// Everything else is the cluster design's protocol: one mbarrier per source CTA, a warp waits
+// for the slices it multiplies (own slice first), the slice is published by one bulk copy that
+// multicasts it from the CTA's global staging slot to every CTA, inputs are staged kLead steps
+// ahead by cp.async, the epilogue table is the same, and a thread finishes the same elements
+// every step (kReadsPrev epilogues keep h_{t-1} and the carry in registers). A slice of 640
+// elements over 512 threads: threads 0-127 finish two elements, the others one.
+// Kernels and launch helpers are templates over the epilogue; persistent.cu instantiates them.
+#pragma once
+
+#include "dense/persistent.cuh"
+
+namespace elman {
+namespace wide_design {
+namespace {  // internal linkage, as the cluster design (persistent.cuh)
+
+namespace cg = cooperative_groups;
+using cluster_design::Args;
+using cluster_design::ArgsOf;
+using cluster_design::kLead;
+using cluster_design::kStages;
+using cluster_design::mark;
+using cluster_design::stamp;
+
+constexpr int kDim = 1280;     // the one width of this design
+constexpr int kRanks = 16;     // CTAs of a cluster
+constexpr int kWarps = 16;
+constexpr int kThreads = kWarps * 32;
+constexpr int kKGroups = 8;    // warps splitting the columns of the first 64 rows
+constexpr int kBc = 8;         // batch columns of a cluster: one mma n-tile
+constexpr int kRegRows = 64;   // rows of a slice held by the 2 x 8 warp grid (2 m-tiles a warp)
+// k-steps of a warp's first-64-row fragments kept in registers: 8 (64 registers, 9 fragments
+// in shared memory) where ptxas allocates the kernel in 128 registers without spilling (E0/E1's
+// untraced forward, the backward of the epilogues that do not read h_{t-1}, E63b's backward),
+// else 7 (one more fragment pair a warp in shared memory: 11, 88 KB a CTA).
+template <class Epi, bool kBackward, bool kTrace = false>
+constexpr int kRegStepsOf =
+    (kBackward ? !kReadsPrevOf<Epi> || Epi::kGates == 2
+               : Epi::kId == TanhSiluGate<true>::kId && !kTrace) ? 8 : 7;
+
+inline bool takes(int dim) { return dim == kDim; }
+
+template <int kGates, bool kBackward, bool kPrev, int kRegSteps>
+struct Cta {
+  static constexpr int kRows = kDim / kRanks;                 // 80
+  static constexpr int kSrcRow = kRows + 8;                   // bf16 per (source, column) row
+  static constexpr int kSliceSteps = kRows / 16;              // k-steps of one source slice
+  static constexpr int kGroupSteps = 2 * kSliceSteps;         // k-steps of a warp's two slices
+  static constexpr int kExtra = (kRows - kRegRows) / 16;      // m-tiles beyond the first 64 rows
+  static constexpr int kSmemSteps = kGroupSteps - kRegSteps;  // first-64-row k-steps in smem
+  static constexpr int kWFrags = 2 * kSmemSteps + kExtra * kSliceSteps;  // smem fragments a warp
+  static constexpr int kRedStride = kRows + 4;  // floats per (plane, column): banks spread
+  static constexpr int kPlanes = 2 * kKGroups;  // partial sums: k-group (rows < 64) or own slice
+  static constexpr int kGateAt = kBackward ? (kPrev ? 4 : 2) : 1;
+  static constexpr int kIn = kGateAt + kGates;
+  static constexpr int kBlock = kBc * kSrcRow;
+  static constexpr int kStateElems = kRanks * kBlock;
+  static constexpr int kSlice = kBc * kRows;
+  static constexpr uint32_t kBlockBytes = kBlock * 2;
+  static constexpr int kPerThread = (kSlice + kThreads - 1) / kThreads;
+  static constexpr int kChunks = kSlice / 8;
+  static_assert(kRows % 16 == 0 && kRows > kRegRows && kRanks == 2 * kKGroups, "slice shape");
+  static_assert(kRegSteps >= 1 && kRegSteps <= kGroupSteps && kGroupSteps % 2 == 0, "k-steps");
+  static_assert(kBlockBytes % 16 == 0, "bulk copies move multiples of 16 bytes");
+
+  // Shared memory: state[2][source][n][kSrcRow] | red | stage | weights | mbar[2][source]
+  static constexpr int kRedOffset = 2 * kStateElems * 2;
+  static constexpr int kStageOffset = kRedOffset + kPlanes * kBc * kRedStride * 4;
+  static constexpr int kWeightOffset = kStageOffset + kStages * kIn * kSlice * 2;
+  static constexpr int kBarOffset = kWeightOffset + kWarps * kWFrags * 512;
+  static constexpr int kSmem = kBarOffset + 2 * kRanks * 8;
+  static_assert(kSmem <= 227 * 1024, "the shared memory of one SM");
+
+  unsigned char* base;
+  int rank, row0, n0;
+  uint32_t a[2][kRegSteps][4];  // register fragments: [m-tile][k-step][reg]
+
+  __device__ __nv_bfloat16* state() const { return reinterpret_cast<__nv_bfloat16*>(base); }
+  __device__ float* red() const { return reinterpret_cast<float*>(base + kRedOffset); }
+  __device__ __nv_bfloat16* stage() const {
+    return reinterpret_cast<__nv_bfloat16*>(base + kStageOffset);
+  }
+  __device__ uint4* weights() const { return reinterpret_cast<uint4*>(base + kWeightOffset); }
+  __device__ uint64_t* bar() const { return reinterpret_cast<uint64_t*>(base + kBarOffset); }
+  __device__ static int lane() { return int(threadIdx.x) & 31; }
+  __device__ static int warp() { return int(threadIdx.x) >> 5; }
+  __device__ static int kgroup() { return warp() % kKGroups; }
+  __device__ static int mgroup() { return warp() / kKGroups; }
+  // The source slice of this warp's k-step s: its own slice 2k + m for s < kSliceSteps, then
+  // the other one of its pair.
+  __device__ static int slice_of(int s) {
+    return 2 * kgroup() + (mgroup() ^ (s >= kSliceSteps ? 1 : 0));
+  }
+  __device__ static int col_of(int s) { return slice_of(s) * kRows + (s % kSliceSteps) * 16; }
+
+  __device__ Cta(unsigned char* smem, const cg::cluster_group& cluster) : base(smem) {
+    rank = int(cluster.block_rank());
+    row0 = rank * kRows;
+    n0 = int(blockIdx.x) / kRanks * kBc;
+    if (threadIdx.x == 0) {
+      for (int i = 0; i < 2 * kRanks; ++i) mbar_init(&bar()[i]);
+      mbar_init_fence();
+    }
+  }
+
+  __device__ __nv_bfloat16* buffer(int i) const { return state() + (i & 1) * kStateElems; }
+  __device__ const __nv_bfloat16* inputs(int i) const {
+    return stage() + (i % kStages) * kIn * kSlice;
+  }
+  __device__ __nv_bfloat16* at(int i, int n, int k) const {
+    return buffer(i) + (k / kRows) * kBlock + n * kSrcRow + k % kRows;
+  }
+
+  // This warp's fragments of rows [row0, row0 + 80) of W (transposed: of W^T): the register
+  // ones, and the shared-memory ones in fragment order (f: k-step s >= kRegSteps of m-tile mt
+  // at 2 (s - kRegSteps) + mt, then m-tile 4 + e of own-slice k-step s at
+  // 2 kSmemSteps + e kSliceSteps + s).
+  __device__ void load_weights(const __nv_bfloat16* w, bool transposed) {
+    const int r0 = row0 + mgroup() * 32;
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int s = 0; s < kRegSteps; ++s) {
+        uint32_t f[1][1][4];
+        load_a(f, w, kDim, r0 + 16 * mt, col_of(s), transposed);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) a[mt][s][i] = f[0][0][i];
+      }
+    uint4* dst = weights() + warp() * kWFrags * 32 + lane();
+    for (int s = kRegSteps; s < kGroupSteps; ++s)
+      for (int mt = 0; mt < 2; ++mt) {
+        uint32_t f[1][1][4];
+        load_a(f, w, kDim, r0 + 16 * mt, col_of(s), transposed);
+        dst[(2 * (s - kRegSteps) + mt) * 32] = make_uint4(f[0][0][0], f[0][0][1], f[0][0][2], f[0][0][3]);
+      }
+    for (int e = 0; e < kExtra; ++e)
+      for (int s = 0; s < kSliceSteps; ++s) {
+        uint32_t f[1][1][4];
+        load_a(f, w, kDim, row0 + kRegRows + 16 * e, col_of(s), transposed);
+        dst[(2 * kSmemSteps + e * kSliceSteps + s) * 32] =
+            make_uint4(f[0][0][0], f[0][0][1], f[0][0][2], f[0][0][3]);
+      }
+  }
+
+  template <class A>
+  __device__ static const __nv_bfloat16* source(const A& p, int k) {
+    if (!kBackward) return k == 0 ? p.wx : gate_input<kGates>(p, k - 1);
+    if constexpr (kPrev) {
+      if (k == 2) return p.h_all;
+      if (k == 3) return p.v_all;
+    }
+    return k == 0 ? p.d_out : k == 1 ? p.h_all + size_t(p.batch) * kDim
+                                     : gate_input<kGates>(p, k - kGateAt);
+  }
+
+  // Stage step t of the inputs into input buffer i (live batch columns), one cp.async group,
+  // issued from the last warps (as the cluster design at 8 columns).
+  template <class A>
+  __device__ void stage_inputs(int i, const A& p, int t, bool skip) {
+    const int batch = p.batch;
+    __nv_bfloat16* dst = stage() + (i % kStages) * kIn * kSlice;
+    for (int c = kThreads - 1 - int(threadIdx.x); !skip && c < kIn * kChunks; c += kThreads) {
+      const int tensor = c / kChunks, chunk = c % kChunks;
+      const int n = chunk / (kRows / 8), r = (chunk % (kRows / 8)) * 8;
+      if (n0 + n >= batch) continue;
+      const __nv_bfloat16* g = source(p, tensor) + (size_t(t) * batch + n0 + n) * kDim + row0 + r;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
+                       smem_u32(dst + tensor * kSlice + n * kRows + r)),
+                   "l"(g));
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+  }
+  __device__ static void wait_inputs() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kLead - 1) : "memory");
+  }
+
+  __device__ void expect(int e) {
+    const int w = warp();
+    if (lane() == 0 && w < kRanks) mbar_expect(&bar()[((e + 1) & 1) * kRanks + w], kBlockBytes);
+  }
+  __device__ void wait_source(int e, int src) const {
+    mbar_wait(&bar()[((e + 1) & 1) * kRanks + src], (e >> 1) & 1);
+  }
+
+  // Partial products of this warp with state buffer i, into red: rows [32 m, 32 m + 32) into
+  // plane k (the k-group), rows [64, 80) into plane 2k + m (the own slice). With e >= 0 the
+  // buffer is being filled by exchange e: the warp waits for its own slice before the first
+  // k-step and for the other before the k-step pair that reaches into it.
+  template <class First>
+  __device__ void multiply(int i, int e, First first) {
+    const int lane_ = lane();
+    const int own = slice_of(0), other = slice_of(kSliceSteps);
+    // ldmatrix.x4 of k-steps s, s + 1: lane l addresses row l % 8 (batch column) of matrix
+    // l / 8, the 8 columns (l / 8) % 2 of k-step s + l / 16.
+    const int hi = lane_ >> 4;
+    const int sub = (lane_ & 7) * kSrcRow + ((lane_ >> 3) & 1) * 8;
+    const __nv_bfloat16* own_p = buffer(i) + own * kBlock + sub;
+    const __nv_bfloat16* other_p = buffer(i) + other * kBlock + sub;
+    const uint4* wf = weights() + warp() * kWFrags * 32 + lane_;
+    // Two accumulator chains (k-step parity) of the first two m-tiles give four mma in flight
+    // as in the cluster design; the last rows' tiles add one chain each (a second would spill).
+    float acc[2][2][4] = {}, extra[kExtra][4] = {};
+#pragma unroll
+    for (int s = 0; s < kGroupSteps; s += 2) {
+      if (e >= 0 && s == 0) {
+        wait_source(e, own);
+        jitter(e, 6 + own);
+        first();
+      }
+      if (e >= 0 && s <= kSliceSteps && kSliceSteps <= s + 1) {
+        wait_source(e, other);
+        jitter(e, 6 + other);
+      }
+      const __nv_bfloat16* ptr;
+      if (s + 1 < kSliceSteps) ptr = own_p + (s + hi) * 16;
+      else if (s >= kSliceSteps) ptr = other_p + (s - kSliceSteps + hi) * 16;
+      else ptr = hi ? other_p : own_p + s * 16;  // the pair straddles the two slices
+      uint32_t b[4];
+      ldmatrix_x4(b, smem_u32(ptr));
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int st = s + h;
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          if (st < kRegSteps) {
+            mma(acc[h][mt], a[mt][st], b[2 * h], b[2 * h + 1]);
+          } else {
+            const uint4 v = wf[(2 * (st - kRegSteps) + mt) * 32];
+            const uint32_t f[4] = {v.x, v.y, v.z, v.w};
+            mma(acc[h][mt], f, b[2 * h], b[2 * h + 1]);
+          }
+        }
+        if (st < kSliceSteps) {
+#pragma unroll
+          for (int x = 0; x < kExtra; ++x) {
+            const uint4 v = wf[(2 * kSmemSteps + x * kSliceSteps + st) * 32];
+            const uint32_t f[4] = {v.x, v.y, v.z, v.w};
+            mma(extra[x], f, b[2 * h], b[2 * h + 1]);
+          }
+        }
+      }
+    }
+    const int g = lane_ >> 2, q = lane_ & 3;
+#pragma unroll
+    for (int mt = 0; mt < 2 + kExtra; ++mt) {
+      float c[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) c[j] = mt < 2 ? acc[0][mt][j] + acc[1][mt][j] : extra[mt - 2][j];
+      const int plane = mt < 2 ? kgroup() : own;
+      const int row = mt < 2 ? mgroup() * 32 + mt * 16 + g : kRegRows + (mt - 2) * 16 + g;
+      float* r = red() + plane * kBc * kRedStride;
+      r[(2 * q) * kRedStride + row] = c[0];
+      r[(2 * q + 1) * kRedStride + row] = c[1];
+      r[(2 * q) * kRedStride + row + 8] = c[2];
+      r[(2 * q + 1) * kRedStride + row + 8] = c[3];
+    }
+  }
+
+  // W h of row r for column n: the 8 k-group planes (rows < 64) or the 16 slice planes.
+  __device__ float reduce(int n, int r) const {
+    float s = 0.f;
+    const float* partial = red() + n * kRedStride + r;
+#pragma unroll
+    for (int w = 0; w < kKGroups; ++w) s += partial[w * kBc * kRedStride];
+    if (r >= kRegRows) {
+#pragma unroll
+      for (int w = kKGroups; w < kPlanes; ++w) s += partial[w * kBc * kRedStride];
+    }
+    return s;
+  }
+
+  // Element k of this thread: j = tid + 512 k of the slice (n = j / 80, r = j % 80), live
+  // while j < 640.
+  __device__ static bool live(int k) { return int(threadIdx.x) + k * kThreads < kSlice; }
+  __device__ static int out_j(int k) { return live(k) ? int(threadIdx.x) + k * kThreads : 0; }
+  __device__ static int out_n(int k) { return out_j(k) / kRows; }
+  __device__ static int out_r(int k) { return out_j(k) % kRows; }
+  __device__ bool owns(const Args& p, int k) const { return live(k) && n0 + out_n(k) < p.batch; }
+
+  __device__ void store(const Args& p, __nv_bfloat16* x, const __nv_bfloat16 (&a_)[kPerThread]) const {
+#pragma unroll
+    for (int k = 0; k < kPerThread; ++k)
+      if (owns(p, k)) x[size_t(n0 + out_n(k)) * kDim + row0 + out_r(k)] = a_[k];
+  }
+
+  __device__ __nv_bfloat16* slot(const Args& p, int e) const {
+    return p.xchg + ((size_t(blockIdx.x) * 2 + ((e + 1) & 1)) * kBlock);
+  }
+  __device__ void publish(const Args& p, int e) const {
+    fence_async_global();
+    __syncthreads();
+    if (int(threadIdx.x) == kThreads - 32)
+      bulk_multicast(buffer(e + 1) + rank * kBlock, slot(p, e), kBlockBytes,
+                     &bar()[((e + 1) & 1) * kRanks + rank], uint16_t((1u << kRanks) - 1));
+  }
+};
+
+template <class Epi, bool kTrace>
+__global__ void __launch_bounds__(kThreads, 1) wide_forward(ArgsOf<Epi> p) {
+  using C = Cta<Epi::kGates, false, kReadsPrevOf<Epi>, kRegStepsOf<Epi, false, kTrace>>;
+  constexpr bool kPrev = kReadsPrevOf<Epi>;
+  cg::cluster_group cluster = cg::this_cluster();
+  extern __shared__ __align__(16) unsigned char smem[];
+  C cta(smem, cluster);
+  stamp<kTrace>(p, 0);
+  const size_t BD = size_t(p.batch) * kDim;
+
+  for (int i = 0; i < kLead; ++i) cta.stage_inputs(i, p, i, i >= p.steps);
+  cta.load_weights(p.w, false);
+  for (int i = threadIdx.x; i < kBc * kDim; i += kThreads) {
+    const int n = i / kDim, k = i % kDim;
+    *cta.at(0, n, k) =
+        cta.n0 + n < p.batch ? p.h0[size_t(cta.n0 + n) * kDim + k] : __float2bfloat16_rn(0.f);
+  }
+  float bias[C::kPerThread];
+  float h_prev[kPrev ? C::kPerThread : 1];
+#pragma unroll
+  for (int k = 0; k < C::kPerThread; ++k) {
+    const int n = C::out_n(k), r = C::out_r(k);
+    bias[k] = to_float(p.b[cta.row0 + r]);
+    const size_t off = size_t(cta.n0 + n) * kDim + cta.row0 + r;
+    if (cta.owns(p, k)) p.h_all[off] = p.h0[off];
+    if constexpr (kPrev) h_prev[k] = cta.owns(p, k) ? to_float(p.h0[off]) : 0.f;
+  }
+  C::wait_inputs();
+  cluster.sync();
+
+  for (int t = 0; t < p.steps; ++t) {
+    const bool last = t + 1 == p.steps;
+    mark<kTrace>(p, t, 0);
+    jitter(t, 0);
+    if (!last) cta.expect(t);
+    jitter(t, 1);
+    const __nv_bfloat16* in = cta.inputs(t);
+    float pre_v[C::kPerThread];
+    typename Epi::Pre pre[C::kPerThread];
+#pragma unroll
+    for (int k = 0; k < C::kPerThread; ++k) {
+      const int j = C::out_j(k);
+      pre_v[k] = to_float(in[j]) + bias[k];
+      Gates<Epi> g;
+#pragma unroll
+      for (int i = 0; i < Epi::kGates; ++i) g[i] = to_float(in[(1 + i) * C::kSlice + j]);
+      pre[k] = Epi::prepare(g);
+    }
+    cta.stage_inputs(t + kLead, p, t + kLead, t + kLead >= p.steps);
+    jitter(t, 2);
+    if (t == 0) mark<kTrace>(p, t, 1);
+    cta.multiply(t, t - 1, [&] { mark<kTrace>(p, t, 1); });
+    mark<kTrace>(p, t, 2);
+    jitter(t, 3);
+    __syncthreads();  // partial sums complete
+    mark<kTrace>(p, t, 3);
+    __nv_bfloat16* slot = cta.slot(p, t);
+    __nv_bfloat16 hb[C::kPerThread], ob[C::kPerThread], vb[kPrev ? C::kPerThread : 1];
+#pragma unroll
+    for (int k = 0; k < C::kPerThread; ++k) {
+      const int n = C::out_n(k), r = C::out_r(k);
+      float h;
+      if constexpr (kPrev) {
+        const float v = Epi::act(cta.reduce(n, r) + pre_v[k]);
+        h = Epi::blend(v, h_prev[k], pre[k]);
+        h_prev[k] = h;
+        vb[k] = __float2bfloat16_rn(v);
+      } else {
+        h = Epi::act(cta.reduce(n, r) + pre_v[k]);
+      }
+      hb[k] = __float2bfloat16_rn(h);
+      if (C::live(k)) slot[n * C::kSrcRow + r] = hb[k];
+      ob[k] = __float2bfloat16_rn(Epi::output(h, pre[k]));
+    }
+    mark<kTrace>(p, t, 4);
+    jitter(t, 4);
+    C::wait_inputs();
+    if (!last) cta.publish(p, t);
+    jitter(t, 5);
+    mark<kTrace>(p, t, 5);
+    cta.store(p, p.out + t * BD, ob);
+    cta.store(p, p.h_all + (t + 1) * BD, hb);
+    if constexpr (kPrev) cta.store(p, p.v_all + t * BD, vb);
+  }
+  cluster.sync();
+  stamp<kTrace>(p, 1);
+}
+
+template <class Epi>
+__global__ void __launch_bounds__(kThreads, 1) wide_backward(ArgsOf<Epi> p) {
+  constexpr bool kPrev = kReadsPrevOf<Epi>;
+  using C = Cta<Epi::kGates, true, kPrev, kRegStepsOf<Epi, true>>;
+  constexpr int kG = Epi::kGates;
+  cg::cluster_group cluster = cg::this_cluster();
+  extern __shared__ __align__(16) unsigned char smem[];
+  C cta(smem, cluster);
+  const size_t BD = size_t(p.batch) * kDim;
+  const int T = p.steps;
+  auto none = [] {};
+
+  for (int i = 0; i < kLead; ++i) cta.stage_inputs(i, p, T - 1 - i, i >= T);
+  cta.load_weights(p.w, true);
+  C::wait_inputs();
+  cluster.sync();
+  float carry[kPrev ? C::kPerThread : 1] = {};
+
+  for (int u = 0; u < T; ++u) {
+    const int t = T - 1 - u;
+    jitter(u, 0);
+    cta.expect(u);
+    jitter(u, 1);
+    cta.stage_inputs(u + kLead, p, t - kLead, u + kLead >= T);
+    jitter(u, 2);
+    if (u > 0) cta.multiply(u, u - 1, none);
+    jitter(u, 3);
+    const __nv_bfloat16* in = cta.inputs(u);
+    float pre_c[C::kPerThread], pre_f[C::kPerThread];
+    __nv_bfloat16 dgb[kG > 0 ? kG : 1][C::kPerThread];
+    float pre_q[kPrev ? kG : 1][kPrev ? C::kPerThread : 1], pre_a[kPrev ? C::kPerThread : 1];
+#pragma unroll
+    for (int k = 0; k < C::kPerThread; ++k) {
+      const int j = C::out_j(k);
+      const float d_out = to_float(in[j]), h = to_float(in[C::kSlice + j]);
+      Gates<Epi> g, dg;
+#pragma unroll
+      for (int i = 0; i < kG; ++i) g[i] = to_float(in[(C::kGateAt + i) * C::kSlice + j]);
+      if constexpr (kPrev) {
+        typename Epi::Back b;
+        Epi::backward_prev(d_out, h, to_float(in[2 * C::kSlice + j]),
+                           to_float(in[3 * C::kSlice + j]), g, b);
+        pre_c[k] = b.c;
+        pre_f[k] = b.f;
+        pre_a[k] = b.a;
+#pragma unroll
+        for (int i = 0; i < kG; ++i) pre_q[i][k] = b.q[i];
+      } else {
+        Epi::backward_parts(d_out, h, g, pre_c[k], pre_f[k], dg);
+#pragma unroll
+        for (int i = 0; i < kG; ++i) dgb[i][k] = __float2bfloat16_rn(dg[i]);
+      }
+    }
+    __syncthreads();  // partial sums complete
+    __nv_bfloat16* slot = cta.slot(p, u);
+    __nv_bfloat16 dvb[C::kPerThread];
+#pragma unroll
+    for (int k = 0; k < C::kPerThread; ++k) {
+      const int n = C::out_n(k), r = C::out_r(k);
+      const size_t off = size_t(cta.n0 + n) * kDim + cta.row0 + r;
+      const float acc = u > 0 ? cta.reduce(n, r) : (cta.owns(p, k) ? to_float(p.d_hT[off]) : 0.f);
+      if constexpr (kPrev) {
+        const float dh = acc + pre_c[k] + carry[k];
+        dvb[k] = __float2bfloat16_rn(dh * pre_f[k]);
+#pragma unroll
+        for (int i = 0; i < kG; ++i) dgb[i][k] = __float2bfloat16_rn(dh * pre_q[i][k]);
+        carry[k] = dh * pre_a[k];
+      } else {
+        dvb[k] = __float2bfloat16_rn((acc + pre_c[k]) * pre_f[k]);
+      }
+      if (C::live(k)) slot[n * C::kSrcRow + r] = dvb[k];
+    }
+    jitter(u, 4);
+    C::wait_inputs();
+    cta.publish(p, u);
+    jitter(u, 5);
+    cta.store(p, p.dv + t * BD, dvb);
+#pragma unroll
+    for (int i = 0; i < kG; ++i) cta.store(p, gate_grad<kG>(p, i) + t * BD, dgb[i]);
+  }
+  cta.multiply(T, T - 1, none);  // dh0 = W_h^T dv_0 (+ the carried direct term)
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < C::kPerThread; ++k) {
+    const int n = C::out_n(k), r = C::out_r(k);
+    float acc = cta.reduce(n, r);
+    if constexpr (kPrev) acc += carry[k];
+    if (cta.owns(p, k)) p.dh0[size_t(cta.n0 + n) * kDim + cta.row0 + r] = __float2bfloat16_rn(acc);
+  }
+  cluster.sync();
+}
+
+// ---- planning and launch ---------------------------------------------------------------
+template <class Epi>
+using KernelPtr = void (*)(ArgsOf<Epi>);
+
+template <class Epi>
+KernelPtr<Epi> pick(bool backward, bool trace = false) {
+  if (backward) return wide_backward<Epi>;
+#ifdef ELMAN_TRACE  // the traced forward exists in the development build only
+  return trace ? wide_forward<Epi, true> : wide_forward<Epi, false>;
+#else
+  return trace ? nullptr : wide_forward<Epi, false>;
+#endif
+}
+
+template <class Epi>
+int smem_for(bool backward, bool trace = false) {
+  constexpr bool kPrev = kReadsPrevOf<Epi>;
+  if (backward) return Cta<Epi::kGates, true, kPrev, kRegStepsOf<Epi, true>>::kSmem;
+  return trace ? Cta<Epi::kGates, false, kPrev, kRegStepsOf<Epi, false, true>>::kSmem
+               : Cta<Epi::kGates, false, kPrev, kRegStepsOf<Epi, false>>::kSmem;
+}
+
+template <class Epi>
+cudaError_t launch(const PersistentPlan& plan, bool backward, cudaStream_t stream,
+                   const ArgsOf<Epi>& args) {
+  const bool trace = args.trace != nullptr;
+  KernelPtr<Epi> k = pick<Epi>(backward, trace);
+  if (k == nullptr) return cudaErrorInvalidValue;  // a trace asked of a build without it
+  // The plan set the attributes of the untraced kernel, whose shared memory the traced one
+  // may exceed (fewer fragments in registers).
+  const int smem = trace ? smem_for<Epi>(backward, true) : plan.smem;
+  if (trace) {
+    const cudaError_t e = allow_cluster_launch(k, smem, plan.cluster);
+    if (e != cudaSuccess) return e;
+  }
+  cudaLaunchAttribute attr[1];
+  cudaLaunchConfig_t cfg =
+      cluster_launch_config(plan.cluster, plan.clusters, kThreads, smem, stream, attr);
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, k, args);
+  return e == cudaSuccess ? cudaGetLastError() : e;
+}
+
+// The wide design's plan for epilogue Epi (D = 1280, any B: clusters of 8 columns, in waves
+// beyond what the GPU holds at once).
+template <class Epi>
+PersistentPlan make_plan(int batch, int dim, bool backward) {
+  PersistentPlan plan;
+  plan.design = "wide";
+  if (!takes(dim)) { plan.reason = "the wide cluster design takes D = 1280"; return plan; }
+  if (batch < 1) { plan.reason = "B must be at least 1"; return plan; }
+  if (size_t(batch) * dim >= (size_t(1) << 31)) { plan.reason = "B * D must be below 2^31"; return plan; }
+  int dev = 0;
+  cudaGetDevice(&dev);
+  plan.cluster = kRanks;
+  const int smem = smem_for<Epi>(backward);
+  static int active_cache[8][2];
+  static bool cached[8][2];
+  int& active = active_cache[dev & 7][backward];
+  if (!cached[dev & 7][backward]) {
+    cached[dev & 7][backward] = true;
+    active = 0;
+    KernelPtr<Epi> k = pick<Epi>(backward);
+    cudaLaunchAttribute attr[1];
+    cudaLaunchConfig_t cfg = cluster_launch_config(kRanks, 1, kThreads, smem, nullptr, attr);
+    if (allow_cluster_launch(k, smem, kRanks) != cudaSuccess ||
+        cudaOccupancyMaxActiveClusters(&active, k, &cfg) != cudaSuccess) {
+      cudaGetLastError();
+      active = 0;
+    }
+  }
+  if (active <= 0) {
+    plan.reason = "the GPU cannot hold one 16-CTA cluster of the wide design";
+    return plan;
+  }
+  plan.ok = true;
+  plan.bc = kBc;
+  plan.clusters = (batch + kBc - 1) / kBc;
+  plan.smem = smem;
+  plan.max_active = active;
+  plan.xchg_bytes = size_t(plan.clusters) * kRanks * 2 * Cta<0, false, false, 8>::kBlock * 2;
+  if (plan.clusters > active) plan.reason = "more clusters than fit at once: they run in waves";
+  return plan;
+}
+
+template <class Epi>
+cudaError_t forward(const PersistentPlan& plan, const DenseForward& f, long long* trace) {
+  ArgsOf<Epi> a = {};
+  set_forward<Epi::kGates>(a, f);
+  set_candidate<Epi>(a, f.v_all);
+  a.dim = f.dim;
+  a.xchg = static_cast<__nv_bfloat16*>(f.xchg);
+  a.trace = trace;
+  return launch<Epi>(plan, false, f.stream, a);
+}
+
+template <class Epi>
+cudaError_t backward(const PersistentPlan& plan, const DenseBackward& g) {
+  ArgsOf<Epi> a = {};
+  set_backward<Epi::kGates>(a, g);
+  set_candidate<Epi>(a, g.v_all);
+  a.dim = g.dim;
+  a.xchg = static_cast<__nv_bfloat16*>(g.xchg);
+  return launch<Epi>(plan, true, g.stream, a);
+}
+
+}  // namespace
+}  // namespace wide_design
+}  // namespace elman
