@@ -383,10 +383,11 @@ class TapeCell(torch.autograd.Function):
             path = "steps" if capturing else "graph"
         else:
             path = "steps" if ctx.path == "graph" and capturing else ctx.path
-        if path == "persistent":
+        if path == "persistent":  # the kernel copies z and d_out in 16-byte rows
             u_all, alpha_all, beta_all = saved
-            _ext().tape_persistent_backward(z, w_h, w_wr, w_all, u_all, alpha_all, beta_all, ckpt,
-                                            d_out, d_hT, d_tapeT, d_pre, d_u, d_z, dh0, d_tape0, K)
+            _ext().tape_persistent_backward(validate.aligned(z), w_h, w_wr, w_all, u_all, alpha_all,
+                                            beta_all, ckpt, validate.aligned(d_out), d_hT, d_tapeT,
+                                            d_pre, d_u, d_z, dh0, d_tape0, K)
         else:
             _run(path, "tape_backward", K, lambda **kw: tape_backward_loop(st, K, **kw),
                  dict(z=z, w_h=w_h, w_wr=w_wr, w_all=w_all, ckpt=ckpt, d_out=d_out, d_hT=d_hT,
