@@ -401,9 +401,7 @@ void tape_persistent_backward(const at::Tensor& z, const at::Tensor& w_h, const 
   check(dh0, "dh0", {B, D});
   check_slot_weights(alpha_all, "alpha_all", d_out, T, B, N);
   check_slot_weights(beta_all, "beta_all", d_out, T, B, N);
-  for (const auto& [x, name] : {std::pair<const at::Tensor&, const char*>{z, "z"}, {u_all, "u_all"},
-                               {w_all, "w_all"}, {ckpt, "ckpt"}, {d_out, "d_out"}})
-    elman::check::aligned16(x, name, " (the backward copies a segment's inputs in 16-byte rows)");
+  check_aligned16({{&z, "z"}, {&u_all, "u_all"}, {&w_all, "w_all"}, {&ckpt, "ckpt"}, {&d_out, "d_out"}});
   check_fp32_tape(d_tapeT, d_out, B, N, D);
   check_fp32_tape(d_tape0, d_out, B, N, D);
   const bool bf16 = d_out.scalar_type() == at::kBFloat16;
