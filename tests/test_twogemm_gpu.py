@@ -274,12 +274,13 @@ def test_auto_takes_lowrank_persistent_not_tape():
 
 
 # ---- E23's persistent kernels at the edges of their design -----------------------------------
-# (T, B, N, D): one CTA column of a 4-CTA cluster with padded rows (D = 32, T = 1, B = 1);
-# 4 CTAs (D = 128), 8 (D = 256), 16 (D = 512: the target shape, B = 4); N = 32 (a slot per
-# lane); two clusters, the second partly filled (B = 9); B = 64 (eight clusters); D = 200
-# (rows padded in the last CTA); odd T, T = 1, and T long enough for many segments.
-TAPE_EDGES = [(1, 1, 8, 32), (7, 3, 8, 128), (17, 4, 32, 256), (33, 4, 8, 512), (9, 9, 32, 512),
-              (5, 64, 8, 512), (65, 4, 8, 200), (1, 2, 32, 512), (130, 2, 8, 64)]
+# (T, B, N, D): a 4-CTA cluster with one live CTA (D = 32, T = 1, B = 1); 4 CTAs with D = 100
+# (rows padded in the last CTA; the backward is the graph loop: D not a multiple of 8); 8 CTAs
+# (D = 256), 16 (D = 512: the target shape, B = 4); N = 32 (a slot per lane); two clusters,
+# the second partly filled (B = 9); B = 64 (eight clusters); D = 200 (rows padded, backward
+# persistent); odd T, T = 1, and T long enough for many segments (70 steps, K = 9).
+TAPE_EDGES = [(1, 1, 8, 32), (7, 3, 8, 100), (17, 4, 32, 256), (33, 4, 8, 512), (9, 9, 32, 512),
+              (5, 64, 8, 512), (65, 4, 8, 200), (1, 2, 32, 512), (70, 2, 8, 64)]
 
 
 def _tape_inputs(T, B, N, D, seed=0):
@@ -297,7 +298,8 @@ def test_tape_persistent_parity(T, B, N, D):
     """Every output (the tape in the final state included) and every gradient of the
     persistent forward and backward against fp64 autograd through the reference."""
     from elman.variants import e23
-    x = _tape_inputs(T, B, N, D, seed=T + B + N + D)
+    x = {k: t.to(torch.bfloat16).double()  # the reference on the kernel's bf16 inputs
+         for k, t in _tape_inputs(T, B, N, D, seed=T + B + N + D).items()}
     g = torch.Generator(device="cuda").manual_seed(5)
     cot = (torch.randn(T, B, D, device="cuda", generator=g, dtype=torch.float64),
            torch.randn(B, D, device="cuda", generator=g, dtype=torch.float64),
