@@ -9,7 +9,9 @@
     output  c_t = w_t * silu(z_t),  layer output W_out c_t
 
 The slot count N is a layer option (level 23: 8, 23n32: 32, 23n128: 128); no parameter
-depends on it. The layer's state is the pair (w, M): `forward(y, h0=None)` returns
+depends on it. On the GPU in bf16, N <= 32 and D <= 512 run the persistent kernels (tape on
+chip, two cluster exchanges a step: families/twogemm/op.py); N = 128, larger D and fp32 run
+the graph loop. The layer's state is the pair (w, M): `forward(y, h0=None)` returns
 (out, (w_T, M_T)), and h0 may be that pair (or w alone, with an empty tape).
 """
 from __future__ import annotations
