@@ -125,12 +125,17 @@ struct Exchange {
       st_async(map_to_rank(smem_u32(dst), uint32_t(peer)), val, map_to_rank(bar_local, uint32_t(peer)));
     }
   }
-  // Lane n < N of column b's warp: the partials of slot n summed in rank order.
+  // Lane n < N of column b's warp: the partials of slot n summed in rank order (kC = the
+  // cluster size, so that the C loads issue together).
+  template <int kC>
   __device__ float slot_total(int slots) const {
     const int lane = int(threadIdx.x) & 31, b = int(threadIdx.x) >> 5;
+    const float* p = partials() + b * np + lane;
     float s = 0.f;
-    if (lane < slots)
-      for (int src = 0; src < cluster; ++src) s += partials()[(src * kCols + b) * np + lane];
+    if (lane < slots) {
+#pragma unroll
+      for (int src = 0; src < kC; ++src) s += p[src * kCols * np];
+    }
     return s;
   }
   __device__ uint32_t bytes() const { return uint32_t(cluster * kCols * (kPacketW + 4 * np)); }

@@ -178,7 +178,7 @@ __global__ void __launch_bounds__(kThreads, 1) tape_forward_kernel(TapePersisten
     const float ws = slot_sums(N, [&](int n) { return tape[n * kThreads] * wf; });
     x1(buf).send(packet, rank, wb, ws, &bar[buf]);
     mbar_wait(&bar[buf], phase);
-    const float wsum = x1(buf).slot_total(N);
+    const float wsum = x1(buf).slot_total<C>(N);
     const float beta = softmax_lanes(scale * wsum, N);
 
     // the products of w_t, the write, X2

@@ -205,7 +205,7 @@ __global__ void __launch_bounds__(kThreads, 1) tape_backward_kernel(TapePersiste
       d_z[size_t(t) * BD + idx] = __float2bfloat16_rn(dout * w * silu_grad_f(z));
     }
     mbar_wait(&bar[0], phase);
-    const float dbeta = xa.slot_total(N);
+    const float dbeta = xa.slot_total<C>(N);
     const float dsw = scale * beta * (dbeta - warp_sum(beta * dbeta));
     float pr[1];
     products(fwr, xa.gathered(), kW, k0, red, pr);
@@ -223,7 +223,7 @@ __global__ void __launch_bounds__(kThreads, 1) tape_backward_kernel(TapePersiste
     const float dalpha_part = slot_sums(N, [&](int n) { return dp * tape_at(j, n); });
     xb.send(packet, rank, dpb, dalpha_part, &bar[1]);
     mbar_wait(&bar[1], phase);
-    const float dalpha = xb.slot_total(N);
+    const float dalpha = xb.slot_total<C>(N);
     const float dra = scale * alpha * (dalpha - warp_sum(alpha * dalpha));
     products(fh, xb.gathered(), kW, k0, red, pr);
     float gn = pr[0];
