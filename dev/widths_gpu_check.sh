@@ -10,7 +10,8 @@
 #
 # Output, in order: "== build" (build time), "== tests" (pytest's summary), "== latency" (one
 # row per D: design, persistent / graph us a step per B, "-" where the size takes the graph
-# path; then PASS / MISS lines and their count). The table is also written to
+# path; then PASS / MISS lines and their count; then the traced forward's phases at D = 1024
+# and 1280, B = 4 and 16, from the development extension). The table is also written to
 # $OUT/widths_latency.json when OUT is set.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -31,4 +32,4 @@ $PY -m pytest -q -m gpu -p no:cacheprovider tests/test_widths.py tests/test_widt
 echo "== latency"
 json=()
 [ -n "${OUT:-}" ] && json=(--json "$OUT/widths_latency.json")
-$PY dev/widths_latency.py --T 256 --reps 10 --batches 4 16 64 128 "${json[@]}"
+$PY dev/widths_latency.py --T 256 --reps 10 --batches 4 16 64 128 --trace "${json[@]}"

@@ -9,7 +9,10 @@ median of `reps` launches after three warm-ups, divided by T) on the persistent 
 design, persistent and graph microseconds a step for each B. Then PASS / MISS lines: at no
 width is the persistent step slower than at D = 2048 for the same B (B <= 64, where D = 2048
 runs persistent); at D = 1280 it is <= 1.5 us at B <= 16 and <= 2.5 us at B = 64. Writes the
-table as JSON with --json PATH. Exits 0 (the MISS lines are the verdict).
+table as JSON with --json PATH. With --trace, last: where a step of the traced persistent
+forward spends its time (CTA 0's phase clocks, elman.harness.probes.trace_record; builds the
+development extension) at D = 1024 (cluster design) and 1280 (wide design), B = 4 and 16.
+Exits 0 (the MISS lines are the verdict).
 """
 from __future__ import annotations
 
@@ -49,6 +52,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--batches", type=int, nargs="+", default=[4, 16, 64, 128])
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--trace", action="store_true", help="phase breakdown at D = 1024 and 1280")
     a = ap.parse_args()
     table: dict[int, dict[int, dict[str, float | None]]] = {}
     warm_up()
@@ -88,7 +92,26 @@ def main() -> int:
     if a.json:
         a.json.write_text(json.dumps({str(D): {str(B): v for B, v in row.items()}
                                       for D, row in table.items()}, indent=1))
+    if a.trace:
+        trace()
     return 0
+
+
+def trace() -> None:
+    """Phase breakdown of a persistent forward step (ns, medians over the steady state)."""
+    from elman import registry
+    from elman.harness import probes
+    e1 = registry.get("E1")
+    print("traced forward step, E1 (ns): " + ", ".join(probes.TRACE_PHASES))
+    for D in (1024, 1280):
+        for B in (4, 16):
+            r = probes.trace_record(e1, B, D, T=256)
+            if r is None:
+                print(f"D={D} B={B}: not persistent")
+                continue
+            m = r["metrics"]
+            print(f"D={D:5d} B={B:3d} {op.persistent_design(D):8} step {m['step_ns']:6.0f} | "
+                  + " ".join(f"{v:6.0f}" for v in m["phase_ns"].values()), flush=True)
 
 
 if __name__ == "__main__":

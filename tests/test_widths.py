@@ -82,109 +82,79 @@ def test_grid_tiling_covers_every_column_once(D):
 
 
 # ---- the wide cluster design (D = 1280), restated from lib/csrc/dense/wide.cuh -----------
-RANKS, KGROUPS, REG_ROWS, BC, STAGES, SMEM_LIMIT = 16, 8, 64, 8, 4, 227 * 1024
+RANKS, BC, STAGES, SMEM_LIMIT = 16, 8, 4, 227 * 1024
 
 
-def _wide_shape(D: int, reg_steps: int) -> dict[str, int]:
+def _wide_smem(D: int, reg_frags: int, staged: int) -> int:
+    """Cta::kSmem: state double buffer, 16 partial-sum planes, staged inputs, the weight
+    fragments not in registers, mbarriers (bytes)."""
     rows = D // RANKS
-    slice_steps = rows // 16
-    group_steps = 2 * slice_steps
-    extra = (rows - REG_ROWS) // 16
-    smem_steps = group_steps - reg_steps
-    return dict(rows=rows, slice_steps=slice_steps, group_steps=group_steps, extra=extra,
-                smem_steps=smem_steps, frags=2 * smem_steps + extra * slice_steps)
+    frags = (rows // 16) ** 2
+    return (2 * RANKS * BC * (rows + 8) * 2 + RANKS * BC * (rows + 4) * 4
+            + STAGES * staged * BC * rows * 2 + 16 * (frags - reg_frags) * 512 + 2 * RANKS * 8)
 
 
-def _wide_smem(D: int, reg_steps: int, staged: int) -> int:
-    """Cta::kSmem: state double buffer, partial-sum planes, staged inputs, weight fragments,
-    mbarriers (bytes)."""
-    s = _wide_shape(D, reg_steps)
-    rows = s["rows"]
-    return (2 * RANKS * BC * (rows + 8) * 2 + 2 * KGROUPS * BC * (rows + 4) * 4
-            + STAGES * staged * BC * rows * 2 + 16 * s["frags"] * 512 + 2 * RANKS * 8)
-
-
-def _wide_product(w: torch.Tensor, h: torch.Tensor, reg_steps: int) -> torch.Tensor:
-    """W h as the wide design forms it. CTA c owns rows [80 c, 80 c + 80); warp (m, k) takes
-    k-steps s = 0..9 of rows [32 m, 32 m + 32) at column col_of(s) (its own slice 2k + m for
-    s < 5, then the other slice of its pair; fragments s < reg_steps in registers, the rest in
-    shared memory), and the last 16 rows at the own slice's k-steps (shared memory); the
-    accumulator chain is the k-step's parity for the first rows. Partial sums: plane k for rows
-    < 64, plane 2k + m (the own slice) for the rest; the sum runs over planes 0..7, then 8..15.
-    Checks on the way: every shared-memory fragment index is in range and used once, the
-    ldmatrix addressing of each k-step pair (straddling the two slices) reads the columns
-    col_of(s), and each slice is waited for before its first use."""
+def _wide_product(w: torch.Tensor, h: torch.Tensor, reg_frags: int) -> torch.Tensor:
+    """W h as the wide design forms it. CTA c owns rows [R c, R c + R), R = D / 16; warp w
+    multiplies them by the columns of slice w (k-steps s = 0..R/16-1, one accumulator per
+    m-tile, k-steps in order); fragment i = (m-tile i // S, k-step i % S) is in registers for
+    i < reg_frags, else at shared-memory position i - reg_frags. The 16 partial sums of a row
+    are added in slice order. Checks on the way: every shared-memory position is used once and
+    the ldmatrix addressing (pairs of k-steps by .x4, an odd last one by .x2, lanes 0-15) reads
+    the columns of k-step s."""
     D = w.shape[0]
-    s_ = _wide_shape(D, reg_steps)
-    R, S, G, X = s_["rows"], s_["slice_steps"], s_["group_steps"], s_["extra"]
+    R = D // RANKS
+    S = T = R // 16
     out = torch.empty_like(h)
     for c in range(RANKS):
         row0 = c * R
-        planes = torch.zeros(2 * KGROUPS, R, h.shape[1], dtype=h.dtype)
+        planes = torch.zeros(RANKS, R, h.shape[1], dtype=h.dtype)
         for warp in range(16):
-            k, m = warp % KGROUPS, warp // KGROUPS
-            own, other = 2 * k + m, 2 * k + (1 - m)
-
-            def col_of(s):
-                return (2 * k + (m ^ (1 if s >= S else 0))) * R + (s % S) * 16
-            used, waited = set(), set()
-            acc = torch.zeros(2, 32, h.shape[1], dtype=h.dtype)
-            extra = torch.zeros(16 * X, h.shape[1], dtype=h.dtype)
-            for s in range(0, G, 2):
-                if s == 0:
-                    waited.add(own)
-                if s <= S <= s + 1:
-                    waited.add(other)
-                for hi in (0, 1):  # the pair's ldmatrix addressing, as multiply() writes it
-                    if s + 1 < S:
-                        col = own * R + (s + hi) * 16
-                    elif s >= S:
-                        col = other * R + (s - S + hi) * 16
-                    else:
-                        col = other * R if hi else own * R + s * 16
-                    assert col == col_of(s + hi), (D, warp, s, hi)
-                    assert col // R in waited, (D, warp, s, hi)
+            used = set()
+            acc = torch.zeros(T, 16, h.shape[1], dtype=h.dtype)
+            for s in range(0, S, 2):
+                lanes = range(32) if s + 1 < S else range(16)
+                for lane in lanes:  # the column of the 8 x 8 matrix lane l addresses
+                    col = warp * R + ((lane >> 3) & 1) * 8 + (lane >> 4) * 16 + s * 16
+                    step = s + (lane >> 4)
+                    assert col == warp * R + 16 * step + 8 * ((lane >> 3) & 1), (D, warp, s, lane)
                 for st in (s, s + 1):
-                    cols = slice(col_of(st), col_of(st) + 16)
-                    for mt in range(2):
-                        if st >= reg_steps:
-                            f = 2 * (st - reg_steps) + mt
-                            assert 0 <= f < s_["frags"] and f not in used
-                            used.add(f)
-                        rows = slice(row0 + 32 * m + 16 * mt, row0 + 32 * m + 16 * mt + 16)
-                        acc[st % 2, 16 * mt:16 * mt + 16] += w[rows, cols] @ h[cols]
-                    if st < S:
-                        for x in range(X):
-                            f = 2 * s_["smem_steps"] + x * S + st
-                            assert 0 <= f < s_["frags"] and f not in used
-                            used.add(f)
-                            rows = slice(row0 + REG_ROWS + 16 * x, row0 + REG_ROWS + 16 * x + 16)
-                            extra[16 * x:16 * x + 16] += w[rows, cols] @ h[cols]
-            assert len(used) == s_["frags"]
-            planes[k, 32 * m:32 * m + 32] = acc[0] + acc[1]
-            planes[own, REG_ROWS:] = extra
-        out[row0:row0 + REG_ROWS] = planes[:KGROUPS, :REG_ROWS].sum(0)
-        out[row0 + REG_ROWS:row0 + R] = planes[:, REG_ROWS:].sum(0)
+                    if st >= S:
+                        break
+                    cols = slice(warp * R + 16 * st, warp * R + 16 * st + 16)
+                    for mt in range(T):
+                        f = mt * S + st
+                        if f >= reg_frags:
+                            assert f - reg_frags not in used
+                            used.add(f - reg_frags)
+                        rows = slice(row0 + 16 * mt, row0 + 16 * mt + 16)
+                        acc[mt] += w[rows, cols] @ h[cols]
+            assert used == set(range(T * S - reg_frags))
+            planes[warp] = acc.reshape(R, -1)
+        total = torch.zeros(R, h.shape[1], dtype=h.dtype)
+        for plane in planes:
+            total = total + plane
+        out[row0:row0 + R] = total
     return out
 
 
-@pytest.mark.parametrize("reg_steps", [7, 8])
-def test_wide_tiling_covers_every_column_once(reg_steps):
+@pytest.mark.parametrize("reg_frags", [17, 18, 19])
+def test_wide_tiling_covers_every_column_once(reg_frags):
     D = 1280
-    g = torch.Generator().manual_seed(reg_steps)
+    g = torch.Generator().manual_seed(reg_frags)
     w = torch.randn(D, D, generator=g, dtype=torch.float64)
     h = torch.randn(D, 3, generator=g, dtype=torch.float64)
-    assert torch.allclose(_wide_product(w, h, reg_steps), w @ h, rtol=1e-12, atol=1e-10)
+    assert torch.allclose(_wide_product(w, h, reg_frags), w @ h, rtol=1e-12, atol=1e-10)
     # the backward multiplies by W^T with the same machine
-    assert torch.allclose(_wide_product(w.t().contiguous(), h, reg_steps), w.t() @ h,
+    assert torch.allclose(_wide_product(w.t().contiguous(), h, reg_frags), w.t() @ h,
                           rtol=1e-12, atol=1e-10)
 
 
 def test_wide_shared_memory_budget():
-    # staged inputs: forward wx + gates (2-3 planes); backward d_out, h (+ h_{t-1}, v) + gates
-    assert _wide_smem(1280, 8, staged=2) == 172288  # E1 forward (Cta::kSmem)
-    assert max(_wide_smem(1280, 7, staged=6), _wide_smem(1280, 8, staged=6)) <= SMEM_LIMIT
-    # D = 1536 (96 rows a CTA): even with 10 k-steps (80 registers of fragments) a thread and
-    # the fewest staged planes, the weights beside the state buffers exceed an SM
-    assert _wide_smem(1536, 10, staged=2) > SMEM_LIMIT
-    assert _wide_shape(1280, 8)["frags"] * 16 * 512 == 72 * 1024
+    # staged inputs: forward wx + gates (1-3 planes); backward d_out, h (+ h_{t-1}, v) + gates
+    assert _wide_smem(1280, 19, staged=2) == 147712  # E1's forward (Cta::kSmem)
+    assert _wide_smem(1280, 17, staged=3) <= SMEM_LIMIT and _wide_smem(1280, 18, staged=6) <= SMEM_LIMIT
+    # D = 1536 (96 rows a CTA, 36 fragments a warp): even with 20 of them in registers (80 a
+    # thread; at 1280 the kernels spill beyond 19) and the fewest staged planes, the rest do
+    # not fit
+    assert _wide_smem(1536, 20, staged=1) > SMEM_LIMIT

@@ -2,34 +2,33 @@
 // 16-CTA cluster can no longer hold W_h in registers alone.
 //
 // A cluster of 16 CTAs (a non-portable size) owns 8 batch columns; CTA r owns rows
-// [R r, R r + R) of W_h (backward: of W_h^T), R = D / 16 = 80, five mma m-tiles. Its 16 warps
-// form a 2 x 8 grid as in the cluster design (persistent.cuh): warp (m, k) multiplies rows
-// [32 m, 32 m + 32) of the slice by the columns of source slices 2k and 2k + 1 (10 k-steps),
-// and in addition the last 16 rows [64, 80) by the columns of its "own" slice 2k + m (5
-// k-steps), so each warp runs 25 mma a step and the 16 own slices cover every column once.
-// Of a warp's 20 fragments of the first 64 rows, kRegSteps k-steps (8: 16 fragments, 64
-// registers, as at D = 1024; 7 where 8 spills, kRegStepsOf) stay in registers; the rest and
-// the 5 fragments of the last 16 rows live in shared memory in fragment order (lane l's four
-// registers are 16 consecutive bytes: one conflict-free 16-byte load each), read every step.
+// [R r, R r + R) of W_h (backward: of W_h^T), R = D / 16 = 80, five mma m-tiles. Warp w of
+// its 16 multiplies all 80 rows by the columns of source slice w (5 k-steps: 25 mma a step,
+// five independent accumulator chains), so it waits for exactly one slice and each state B
+// fragment is loaded once a CTA. Of a warp's 25 fragments (i = 5 m-tile + k-step) the first
+// kRegFrags stay in registers (kRegFragsOf: 17-19, 68-76 registers a thread); the rest live in
+// shared memory in fragment order (lane l's four registers are 16 consecutive bytes: one
+// conflict-free 16-byte load each) and are read every step. The 16 partial sums of a row (one
+// per slice) are added in slice order in the epilogue.
 //
-// Budget at D = 1280 (per CTA): W_h slice 80 x 1280 bf16 = 200 KB = 128 KB in registers
-// (64 a thread) + 72 KB in shared memory (9 fragments of 512 bytes a warp; 112 + 88 KB at
-// kRegSteps = 7); state double buffer 2 x 16 sources x 8 columns x (80 + 8) bf16 = 44 KB;
-// partial sums 16 planes x 8 x 84 floats = 42 KB; staged inputs 4 x kIn x 1.25 KB (10-30 KB);
-// 168-200 KB of the 227 KB (E1's forward: 168 KB). Every kernel: 128 registers, no spills.
-// Per step each warp reads 4.5 KB of weights and 2.5 KB of state B fragments from shared
-// memory: 112 KB a CTA, about 900 clocks at 128 bytes a clock spread over the multiply
-// (at D = 1024: 32 KB of B fragments). The exchange is one 1408-byte slice a CTA a step,
-// multicast to the 16 CTAs. D = 1536 does not fit: 96 x 1536 bf16 = 288 KB a CTA, of which
-// at most ~128 KB in registers leaves 160 KB of weights beside a 52 KB state buffer, 20 KB
-// of partial sums (at 8 planes) and the staged inputs: over 227 KB.
+// Budget at D = 1280 (per CTA): W_h slice 80 x 1280 bf16 = 200 KB: 136-152 KB in registers,
+// 48-64 KB (6-8 fragments of 512 bytes a warp) in shared memory; state double buffer
+// 2 x 16 sources x 8 columns x (80 + 8) bf16 = 44 KB; partial sums 16 planes x 8 x 84 floats
+// = 42 KB; staged inputs 4 x kIn x 1.25 KB (5-30 KB); E1's forward 144 KB of the 227.
+// Every kernel: 128 registers, no spills. Per step a warp reads 3-3.5 KB of weights and
+// 1.25 KB of B fragments from shared memory: 70-78 KB a CTA, 540-610 clocks at 128 bytes a
+// clock, spread over the multiply (at D = 1024: 32 KB of B fragments). The exchange is one
+// 1408-byte slice a CTA a step, multicast to the 16 CTAs.
+// D = 1536 does not fit one cluster: 96 x 1536 bf16 = 288 KB a CTA; with 80 registers of
+// fragments a thread (160 KB, beyond what the kernels hold at 1280 without spilling) the
+// other 128 KB of weights, a 52 KB state buffer and 50 KB of partial sums exceed 227 KB.
 //
-// Everything else is the cluster design's protocol: one mbarrier per source CTA, a warp waits
-// for the slices it multiplies (own slice first), the slice is published by one bulk copy that
-// multicasts it from the CTA's global staging slot to every CTA, inputs are staged kLead steps
-// ahead by cp.async, the epilogue table is the same, and a thread finishes the same elements
-// every step (kReadsPrev epilogues keep h_{t-1} and the carry in registers). A slice of 640
-// elements over 512 threads: threads 0-127 finish two elements, the others one.
+// Everything else is the cluster design's protocol: one mbarrier per source CTA, the slice
+// published by one bulk copy that multicasts it from the CTA's global staging slot to every
+// CTA, inputs staged kLead steps ahead by cp.async, the same epilogue table, and a thread
+// finishing the same elements every step (kReadsPrev epilogues keep h_{t-1} and the carry in
+// registers). A slice of 640 elements over 512 threads: threads 0-127 finish two, the others
+// one.
 // Kernels and launch helpers are templates over the epilogue; persistent.cu instantiates them.
 #pragma once
 
@@ -51,31 +50,34 @@ constexpr int kDim = 1280;     // the one width of this design
 constexpr int kRanks = 16;     // CTAs of a cluster
 constexpr int kWarps = 16;
 constexpr int kThreads = kWarps * 32;
-constexpr int kKGroups = 8;    // warps splitting the columns of the first 64 rows
 constexpr int kBc = 8;         // batch columns of a cluster: one mma n-tile
-constexpr int kRegRows = 64;   // rows of a slice held by the 2 x 8 warp grid (2 m-tiles a warp)
-// k-steps of a warp's first-64-row fragments kept in registers: 8 (64 registers, 9 fragments
-// in shared memory) where ptxas allocates the kernel in 128 registers without spilling (E0/E1's
-// untraced forward, the backward of the epilogues that do not read h_{t-1}, E63b's backward),
-// else 7 (one more fragment pair a warp in shared memory: 11, 88 KB a CTA).
+// Fragments a warp keeps in registers (of 25): as many as ptxas (CUDA 13.0) allocates in 128
+// registers without spilling, found per kernel: 19 (76 registers) for the forward of the
+// epilogues that do not read h_{t-1} and the backward of those that do, else 18; the traced
+// forward (development build) 17.
 template <class Epi, bool kBackward, bool kTrace = false>
-constexpr int kRegStepsOf =
-    (kBackward ? !kReadsPrevOf<Epi> || Epi::kGates == 2
-               : Epi::kId == TanhSiluGate<true>::kId && !kTrace) ? 8 : 7;
+constexpr int kRegFragsOf = kTrace ? 17 : (kBackward == kReadsPrevOf<Epi>) ? 19 : 18;
 
 inline bool takes(int dim) { return dim == kDim; }
 
-template <int kGates, bool kBackward, bool kPrev, int kRegSteps>
+// The B fragments of one k-step (two 8 x 8 matrices; lanes 0-15 give the row addresses).
+__device__ __forceinline__ void ldmatrix_x2(uint32_t (&b)[2], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(b[0]), "=r"(b[1])
+               : "r"(addr)
+               : "memory");
+}
+
+template <int kGates, bool kBackward, bool kPrev, int kRegFrags>
 struct Cta {
   static constexpr int kRows = kDim / kRanks;                 // 80
   static constexpr int kSrcRow = kRows + 8;                   // bf16 per (source, column) row
+  static constexpr int kTiles = kRows / 16;                   // m-tiles of a CTA
   static constexpr int kSliceSteps = kRows / 16;              // k-steps of one source slice
-  static constexpr int kGroupSteps = 2 * kSliceSteps;         // k-steps of a warp's two slices
-  static constexpr int kExtra = (kRows - kRegRows) / 16;      // m-tiles beyond the first 64 rows
-  static constexpr int kSmemSteps = kGroupSteps - kRegSteps;  // first-64-row k-steps in smem
-  static constexpr int kWFrags = 2 * kSmemSteps + kExtra * kSliceSteps;  // smem fragments a warp
+  static constexpr int kFrags = kTiles * kSliceSteps;         // fragments a warp
+  static constexpr int kWFrags = kFrags - kRegFrags;          // of them in shared memory
   static constexpr int kRedStride = kRows + 4;  // floats per (plane, column): banks spread
-  static constexpr int kPlanes = 2 * kKGroups;  // partial sums: k-group (rows < 64) or own slice
+  static constexpr int kPlanes = kRanks;        // partial sums: one plane per source slice
   static constexpr int kGateAt = kBackward ? (kPrev ? 4 : 2) : 1;
   static constexpr int kIn = kGateAt + kGates;
   static constexpr int kBlock = kBc * kSrcRow;
@@ -84,8 +86,8 @@ struct Cta {
   static constexpr uint32_t kBlockBytes = kBlock * 2;
   static constexpr int kPerThread = (kSlice + kThreads - 1) / kThreads;
   static constexpr int kChunks = kSlice / 8;
-  static_assert(kRows % 16 == 0 && kRows > kRegRows && kRanks == 2 * kKGroups, "slice shape");
-  static_assert(kRegSteps >= 1 && kRegSteps <= kGroupSteps && kGroupSteps % 2 == 0, "k-steps");
+  static_assert(kRows % 16 == 0 && kWarps == kRanks, "one warp per source slice");
+  static_assert(kRegFrags >= 1 && kRegFrags <= kFrags, "fragments");
   static_assert(kBlockBytes % 16 == 0, "bulk copies move multiples of 16 bytes");
 
   // Shared memory: state[2][source][n][kSrcRow] | red | stage | weights | mbar[2][source]
@@ -98,7 +100,7 @@ struct Cta {
 
   unsigned char* base;
   int rank, row0, n0;
-  uint32_t a[2][kRegSteps][4];  // register fragments: [m-tile][k-step][reg]
+  uint32_t a[kRegFrags][4];  // register fragments: [5 m-tile + k-step][reg]
 
   __device__ __nv_bfloat16* state() const { return reinterpret_cast<__nv_bfloat16*>(base); }
   __device__ float* red() const { return reinterpret_cast<float*>(base + kRedOffset); }
@@ -109,15 +111,6 @@ struct Cta {
   __device__ uint64_t* bar() const { return reinterpret_cast<uint64_t*>(base + kBarOffset); }
   __device__ static int lane() { return int(threadIdx.x) & 31; }
   __device__ static int warp() { return int(threadIdx.x) >> 5; }
-  __device__ static int kgroup() { return warp() % kKGroups; }
-  __device__ static int mgroup() { return warp() / kKGroups; }
-  // The source slice of this warp's k-step s: its own slice 2k + m for s < kSliceSteps, then
-  // the other one of its pair.
-  __device__ static int slice_of(int s) {
-    return 2 * kgroup() + (mgroup() ^ (s >= kSliceSteps ? 1 : 0));
-  }
-  __device__ static int col_of(int s) { return slice_of(s) * kRows + (s % kSliceSteps) * 16; }
-
   __device__ Cta(unsigned char* smem, const cg::cluster_group& cluster) : base(smem) {
     rank = int(cluster.block_rank());
     row0 = rank * kRows;
@@ -136,35 +129,23 @@ struct Cta {
     return buffer(i) + (k / kRows) * kBlock + n * kSrcRow + k % kRows;
   }
 
-  // This warp's fragments of rows [row0, row0 + 80) of W (transposed: of W^T): the register
-  // ones, and the shared-memory ones in fragment order (f: k-step s >= kRegSteps of m-tile mt
-  // at 2 (s - kRegSteps) + mt, then m-tile 4 + e of own-slice k-step s at
-  // 2 kSmemSteps + e kSliceSteps + s).
+  // This warp's fragments of rows [row0, row0 + 80) of W (transposed: of W^T) at the columns
+  // of slice w: fragment i (m-tile i / 5, k-step i % 5) in registers for i < kRegFrags, else
+  // at position i - kRegFrags of the warp's shared-memory fragments.
   __device__ void load_weights(const __nv_bfloat16* w, bool transposed) {
-    const int r0 = row0 + mgroup() * 32;
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-      for (int s = 0; s < kRegSteps; ++s) {
-        uint32_t f[1][1][4];
-        load_a(f, w, kDim, r0 + 16 * mt, col_of(s), transposed);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) a[mt][s][i] = f[0][0][i];
-      }
     uint4* dst = weights() + warp() * kWFrags * 32 + lane();
-    for (int s = kRegSteps; s < kGroupSteps; ++s)
-      for (int mt = 0; mt < 2; ++mt) {
-        uint32_t f[1][1][4];
-        load_a(f, w, kDim, r0 + 16 * mt, col_of(s), transposed);
-        dst[(2 * (s - kRegSteps) + mt) * 32] = make_uint4(f[0][0][0], f[0][0][1], f[0][0][2], f[0][0][3]);
+#pragma unroll
+    for (int i = 0; i < kFrags; ++i) {
+      uint32_t f[1][1][4];
+      load_a(f, w, kDim, row0 + 16 * (i / kSliceSteps), warp() * kRows + 16 * (i % kSliceSteps),
+             transposed);
+      if (i < kRegFrags) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) a[i][j] = f[0][0][j];
+      } else {
+        dst[(i - kRegFrags) * 32] = make_uint4(f[0][0][0], f[0][0][1], f[0][0][2], f[0][0][3]);
       }
-    for (int e = 0; e < kExtra; ++e)
-      for (int s = 0; s < kSliceSteps; ++s) {
-        uint32_t f[1][1][4];
-        load_a(f, w, kDim, row0 + kRegRows + 16 * e, col_of(s), transposed);
-        dst[(2 * kSmemSteps + e * kSliceSteps + s) * 32] =
-            make_uint4(f[0][0][0], f[0][0][1], f[0][0][2], f[0][0][3]);
-      }
+    }
   }
 
   template <class A>
@@ -207,90 +188,70 @@ struct Cta {
     mbar_wait(&bar()[((e + 1) & 1) * kRanks + src], (e >> 1) & 1);
   }
 
-  // Partial products of this warp with state buffer i, into red: rows [32 m, 32 m + 32) into
-  // plane k (the k-group), rows [64, 80) into plane 2k + m (the own slice). With e >= 0 the
-  // buffer is being filled by exchange e: the warp waits for its own slice before the first
-  // k-step and for the other before the k-step pair that reaches into it.
+  // Partial products of this warp (all rows, the columns of slice w) with state buffer i, into
+  // plane w of red. With e >= 0 the buffer is being filled by exchange e: the warp first waits
+  // for slice w.
   template <class First>
   __device__ void multiply(int i, int e, First first) {
-    const int lane_ = lane();
-    const int own = slice_of(0), other = slice_of(kSliceSteps);
+    const int lane_ = lane(), w = warp();
+    if (e >= 0) {
+      wait_source(e, w);
+      jitter(e, 6 + w);
+      first();
+    }
     // ldmatrix.x4 of k-steps s, s + 1: lane l addresses row l % 8 (batch column) of matrix
-    // l / 8, the 8 columns (l / 8) % 2 of k-step s + l / 16.
-    const int hi = lane_ >> 4;
-    const int sub = (lane_ & 7) * kSrcRow + ((lane_ >> 3) & 1) * 8;
-    const __nv_bfloat16* own_p = buffer(i) + own * kBlock + sub;
-    const __nv_bfloat16* other_p = buffer(i) + other * kBlock + sub;
-    const uint4* wf = weights() + warp() * kWFrags * 32 + lane_;
-    // Two accumulator chains (k-step parity) of the first two m-tiles give four mma in flight
-    // as in the cluster design; the last rows' tiles add one chain each (a second would spill).
-    float acc[2][2][4] = {}, extra[kExtra][4] = {};
+    // l / 8, the 8 columns (l / 8) % 2 of k-step s + l / 16; the odd last k-step by .x2.
+    const uint32_t src = smem_u32(buffer(i) + w * kBlock + (lane_ & 7) * kSrcRow +
+                                  ((lane_ >> 3) & 1) * 8 + (lane_ >> 4) * 16);
+    const uint4* wf = weights() + w * kWFrags * 32 + lane_;
+    float acc[kTiles][4] = {};
 #pragma unroll
-    for (int s = 0; s < kGroupSteps; s += 2) {
-      if (e >= 0 && s == 0) {
-        wait_source(e, own);
-        jitter(e, 6 + own);
-        first();
-      }
-      if (e >= 0 && s <= kSliceSteps && kSliceSteps <= s + 1) {
-        wait_source(e, other);
-        jitter(e, 6 + other);
-      }
-      const __nv_bfloat16* ptr;
-      if (s + 1 < kSliceSteps) ptr = own_p + (s + hi) * 16;
-      else if (s >= kSliceSteps) ptr = other_p + (s - kSliceSteps + hi) * 16;
-      else ptr = hi ? other_p : own_p + s * 16;  // the pair straddles the two slices
+    for (int s = 0; s < kSliceSteps; s += 2) {
       uint32_t b[4];
-      ldmatrix_x4(b, smem_u32(ptr));
+      if (s + 1 < kSliceSteps) {
+        ldmatrix_x4(b, src + s * 32);
+      } else {
+        uint32_t b2[2];
+        ldmatrix_x2(b2, src + s * 32);
+        b[0] = b2[0];
+        b[1] = b2[1];
+        b[2] = b[3] = 0;
+      }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int st = s + h;
+        if (st >= kSliceSteps) break;
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-          if (st < kRegSteps) {
-            mma(acc[h][mt], a[mt][st], b[2 * h], b[2 * h + 1]);
+        for (int mt = 0; mt < kTiles; ++mt) {
+          const int f = mt * kSliceSteps + st;
+          if (f < kRegFrags) {
+            mma(acc[mt], a[f], b[2 * h], b[2 * h + 1]);
           } else {
-            const uint4 v = wf[(2 * (st - kRegSteps) + mt) * 32];
-            const uint32_t f[4] = {v.x, v.y, v.z, v.w};
-            mma(acc[h][mt], f, b[2 * h], b[2 * h + 1]);
-          }
-        }
-        if (st < kSliceSteps) {
-#pragma unroll
-          for (int x = 0; x < kExtra; ++x) {
-            const uint4 v = wf[(2 * kSmemSteps + x * kSliceSteps + st) * 32];
-            const uint32_t f[4] = {v.x, v.y, v.z, v.w};
-            mma(extra[x], f, b[2 * h], b[2 * h + 1]);
+            const uint4 v = wf[(f - kRegFrags) * 32];
+            const uint32_t fr[4] = {v.x, v.y, v.z, v.w};
+            mma(acc[mt], fr, b[2 * h], b[2 * h + 1]);
           }
         }
       }
     }
     const int g = lane_ >> 2, q = lane_ & 3;
+    float* r = red() + w * kBc * kRedStride;
 #pragma unroll
-    for (int mt = 0; mt < 2 + kExtra; ++mt) {
-      float c[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) c[j] = mt < 2 ? acc[0][mt][j] + acc[1][mt][j] : extra[mt - 2][j];
-      const int plane = mt < 2 ? kgroup() : own;
-      const int row = mt < 2 ? mgroup() * 32 + mt * 16 + g : kRegRows + (mt - 2) * 16 + g;
-      float* r = red() + plane * kBc * kRedStride;
-      r[(2 * q) * kRedStride + row] = c[0];
-      r[(2 * q + 1) * kRedStride + row] = c[1];
-      r[(2 * q) * kRedStride + row + 8] = c[2];
-      r[(2 * q + 1) * kRedStride + row + 8] = c[3];
+    for (int mt = 0; mt < kTiles; ++mt) {
+      const int row = mt * 16 + g;
+      r[(2 * q) * kRedStride + row] = acc[mt][0];
+      r[(2 * q + 1) * kRedStride + row] = acc[mt][1];
+      r[(2 * q) * kRedStride + row + 8] = acc[mt][2];
+      r[(2 * q + 1) * kRedStride + row + 8] = acc[mt][3];
     }
   }
 
-  // W h of row r for column n: the 8 k-group planes (rows < 64) or the 16 slice planes.
+  // W h of row r for column n: the 16 slice planes in order.
   __device__ float reduce(int n, int r) const {
     float s = 0.f;
     const float* partial = red() + n * kRedStride + r;
 #pragma unroll
-    for (int w = 0; w < kKGroups; ++w) s += partial[w * kBc * kRedStride];
-    if (r >= kRegRows) {
-#pragma unroll
-      for (int w = kKGroups; w < kPlanes; ++w) s += partial[w * kBc * kRedStride];
-    }
+    for (int w = 0; w < kPlanes; ++w) s += partial[w * kBc * kRedStride];
     return s;
   }
 
@@ -322,7 +283,7 @@ struct Cta {
 
 template <class Epi, bool kTrace>
 __global__ void __launch_bounds__(kThreads, 1) wide_forward(ArgsOf<Epi> p) {
-  using C = Cta<Epi::kGates, false, kReadsPrevOf<Epi>, kRegStepsOf<Epi, false, kTrace>>;
+  using C = Cta<Epi::kGates, false, kReadsPrevOf<Epi>, kRegFragsOf<Epi, false, kTrace>>;
   constexpr bool kPrev = kReadsPrevOf<Epi>;
   cg::cluster_group cluster = cg::this_cluster();
   extern __shared__ __align__(16) unsigned char smem[];
@@ -411,7 +372,7 @@ __global__ void __launch_bounds__(kThreads, 1) wide_forward(ArgsOf<Epi> p) {
 template <class Epi>
 __global__ void __launch_bounds__(kThreads, 1) wide_backward(ArgsOf<Epi> p) {
   constexpr bool kPrev = kReadsPrevOf<Epi>;
-  using C = Cta<Epi::kGates, true, kPrev, kRegStepsOf<Epi, true>>;
+  using C = Cta<Epi::kGates, true, kPrev, kRegFragsOf<Epi, true>>;
   constexpr int kG = Epi::kGates;
   cg::cluster_group cluster = cg::this_cluster();
   extern __shared__ __align__(16) unsigned char smem[];
@@ -517,9 +478,9 @@ KernelPtr<Epi> pick(bool backward, bool trace = false) {
 template <class Epi>
 int smem_for(bool backward, bool trace = false) {
   constexpr bool kPrev = kReadsPrevOf<Epi>;
-  if (backward) return Cta<Epi::kGates, true, kPrev, kRegStepsOf<Epi, true>>::kSmem;
-  return trace ? Cta<Epi::kGates, false, kPrev, kRegStepsOf<Epi, false, true>>::kSmem
-               : Cta<Epi::kGates, false, kPrev, kRegStepsOf<Epi, false>>::kSmem;
+  if (backward) return Cta<Epi::kGates, true, kPrev, kRegFragsOf<Epi, true>>::kSmem;
+  return trace ? Cta<Epi::kGates, false, kPrev, kRegFragsOf<Epi, false, true>>::kSmem
+               : Cta<Epi::kGates, false, kPrev, kRegFragsOf<Epi, false>>::kSmem;
 }
 
 template <class Epi>
@@ -579,7 +540,7 @@ PersistentPlan make_plan(int batch, int dim, bool backward) {
   plan.clusters = (batch + kBc - 1) / kBc;
   plan.smem = smem;
   plan.max_active = active;
-  plan.xchg_bytes = size_t(plan.clusters) * kRanks * 2 * Cta<0, false, false, 8>::kBlock * 2;
+  plan.xchg_bytes = size_t(plan.clusters) * kRanks * 2 * Cta<0, false, false, kRegFragsOf<Epi, false>>::kBlock * 2;
   if (plan.clusters > active) plan.reason = "more clusters than fit at once: they run in waves";
   return plan;
 }
