@@ -99,7 +99,7 @@ def _wide_product(w: torch.Tensor, h: torch.Tensor, reg_frags: int) -> torch.Ten
     multiplies them by the columns of slice w (k-steps s = 0..R/16-1, one accumulator per
     m-tile, k-steps in order); fragment i = (m-tile i // S, k-step i % S) is in registers for
     i < reg_frags, else at shared-memory position i - reg_frags. The 16 partial sums of a row
-    are added in slice order. Checks on the way: every shared-memory position is used once and
+    are added as four interleaved sums (planes i, i + 4, ...), then (s0 + s1) + (s2 + s3). Checks on the way: every shared-memory position is used once and
     the ldmatrix addressing (pairs of k-steps by .x4, an odd last one by .x2, lanes 0-15) reads
     the columns of k-step s."""
     D = w.shape[0]
@@ -131,10 +131,8 @@ def _wide_product(w: torch.Tensor, h: torch.Tensor, reg_frags: int) -> torch.Ten
                         acc[mt] += w[rows, cols] @ h[cols]
             assert used == set(range(T * S - reg_frags))
             planes[warp] = acc.reshape(R, -1)
-        total = torch.zeros(R, h.shape[1], dtype=h.dtype)
-        for plane in planes:
-            total = total + plane
-        out[row0:row0 + R] = total
+        sums = [sum(planes[w] for w in range(i, RANKS, 4)) for i in range(4)]
+        out[row0:row0 + R] = (sums[0] + sums[1]) + (sums[2] + sums[3])
     return out
 
 

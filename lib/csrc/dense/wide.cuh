@@ -9,7 +9,7 @@
 // kRegFrags stay in registers (kRegFragsOf: 17-19, 68-76 registers a thread); the rest live in
 // shared memory in fragment order (lane l's four registers are 16 consecutive bytes: one
 // conflict-free 16-byte load each) and are read every step. The 16 partial sums of a row (one
-// per slice) are added in slice order in the epilogue.
+// per slice) are added in the epilogue, in a fixed order.
 //
 // Budget at D = 1280 (per CTA): W_h slice 80 x 1280 bf16 = 200 KB: 136-152 KB in registers,
 // 48-64 KB (6-8 fragments of 512 bytes a warp) in shared memory; state double buffer
@@ -246,13 +246,14 @@ struct Cta {
     }
   }
 
-  // W h of row r for column n: the 16 slice planes in order.
+  // W h of row r for column n: the 16 slice planes, as four interleaved sums of four (a chain
+  // of 16 dependent adds would sit on the step's critical path).
   __device__ float reduce(int n, int r) const {
-    float s = 0.f;
     const float* partial = red() + n * kRedStride + r;
+    float s[4] = {};
 #pragma unroll
-    for (int w = 0; w < kPlanes; ++w) s += partial[w * kBc * kRedStride];
-    return s;
+    for (int w = 0; w < kPlanes; ++w) s[w % 4] += partial[w * kBc * kRedStride];
+    return (s[0] + s[1]) + (s[2] + s[3]);
   }
 
   // Element k of this thread: j = tid + 512 k of the slice (n = j / 80, r = j % 80), live
