@@ -14,7 +14,7 @@
 // Budget at D = 1280 (per CTA): W_h slice 80 x 1280 bf16 = 200 KB: 136-152 KB in registers,
 // 48-64 KB (6-8 fragments of 512 bytes a warp) in shared memory; state double buffer
 // 2 x 16 sources x 8 columns x (80 + 8) bf16 = 44 KB; partial sums 16 planes x 8 x 84 floats
-// = 42 KB; staged inputs 4 x kIn x 1.25 KB (5-30 KB); E1's forward 144 KB of the 227.
+// = 42 KB; staged inputs 4 x kIn x 1.25 KB (5-30 KB): 139-164 KB of the 227 (E1 forward 144).
 // Every kernel: 128 registers, no spills. Per step a warp reads 3-3.5 KB of weights and
 // 1.25 KB of B fragments from shared memory: 70-78 KB a CTA, 540-610 clocks at 128 bytes a
 // clock, spread over the multiply (at D = 1024: 32 KB of B fragments). The exchange is one
