@@ -26,10 +26,11 @@ pytestmark = [pytest.mark.gpu,
 
 # Every D the kernels take; one and several clusters; odd B (dead batch columns); 16 batch
 # columns per cluster (B = 64, D = 1024); the grid design (D = 2048) with its mma.sync multiply
-# (8 batch columns) and its wgmma multiply (32 columns, 12 of them dead; 64 columns).
+# (8 batch columns) and its wgmma multiply (32 columns, 12 of them dead; 64 columns); the wide
+# cluster design (D = 1280) in one cluster and in waves of clusters.
 EPILOGUE = "tanh_silu_gate"
 SHAPES = [(24, 3, 256), (24, 20, 512), (16, 4, 768), (24, 16, 1024), (12, 64, 1024),
-          (10, 5, 2048), (10, 20, 2048), (8, 64, 2048)]
+          (10, 5, 2048), (10, 20, 2048), (8, 64, 2048), (16, 9, 1280), (8, 64, 1280)]
 
 
 def _inputs(T, B, D):
