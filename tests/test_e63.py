@@ -207,11 +207,13 @@ def test_versus_table_and_findings_read_the_records():
     recs = [_cell_record("E63", "cuda:steps+graph", 4, 1024, 12.0),
             _cell_record("E63c", "cuda:steps+graph", 4, 1024, 15.0),
             _cell_record("E1", "cuda:steps+graph", 4, 1024, 10.0),
-            _cell_record("E1", "cuda:persistent", 4, 1024, 3.0)]
+            _cell_record("E1", "cuda:persistent", 4, 1024, 3.0),
+            _cell_record("E63", "cuda:persistent", 4, 1024, 3.3)]
     table = delta_bench.versus_table(recs, ("E63", "E63c"))
-    assert "| 1024 | 4 | 12.00 | 15.00 | 1.20 | 1.50 | 10.00 | 3.00 |" in table
+    assert "| 1024 | 4 | 3.30 | — | 1.10 | — | 12.00 | 15.00 | 1.20 | 1.50 | 3.00 | 10.00 |" in table
     text = delta_bench.speed_findings(recs, ("E63", "E63c"))
     assert "E63c (graph path) costs 1.50x to 1.50x" in text and "4.00x" in text
+    assert "E63 (persistent path) costs 1.10x to 1.10x of E1's persistent kernel" in text
     assert "not yet recorded" in delta_bench.speed_findings([], ("E63",))
 
 
