@@ -11,6 +11,7 @@ import torch
 
 from elman.core.timing import timeit, warm_up
 from elman.families.matrix import bench, op
+from elman.harness import probes
 
 
 def _copy_ms(nbytes: int) -> float:
@@ -45,12 +46,14 @@ def main() -> None:
           f"copy bandwidth ({2 * moved['fwd_bytes'] / 2 / fwd_copy / 1e6:.0f} GB/s); backward "
           f"{moved['bwd_bytes'] / 1e6:.0f} MB -> {bwd_copy:.3f} ms")
     sm = torch.cuda.get_device_properties(0).multi_processor_count
+    rate = {r["params"]["op"]: r["metrics"]["per_clock_per_sm"] for r in probes.throughput_records()}
+    print("measured issue rates per SM per clock: " + ", ".join(f"{k} {v:.1f}" for k, v in rate.items()))
     tanh = B * H * T * n * v
-    print(f"floor, tanh: {tanh / 1e6:.0f} M tanh.approx a pass at 16 a clock per SM x {sm} SMs = "
-          f"{tanh / (16 * sm) / 1e3:.0f} k clocks (ms = that / SM clock in kHz; nvidia-smi above); forward "
+    print(f"floor, tanh: {tanh / 1e6:.0f} M tanh.approx a pass at {rate['tanh_approx']:.1f} a clock per SM x {sm} "
+          f"SMs = {tanh / (rate['tanh_approx'] * sm) / 1e3:.0f} k clocks (ms = that / SM clock in kHz); forward "
           "one pass, backward one more when slots >= K, plus (K / slots - 1) / 2 passes when fewer")
-    print(f"floor, FP32 issue: forward ~3, backward ~13 FMA-pipe ops a state element a step = "
-          f"{tanh * 16 / (128 * sm) / 1e3:.0f} k clocks for forward + backward")
+    print(f"floor, FP32 issue: forward ~3, backward ~13 FMA-pipe ops a state element a step at "
+          f"{rate['fma']:.0f} a clock per SM = {tanh * 16 / (rate['fma'] * sm) / 1e3:.0f} k clocks for forward + backward")
 
 
 def _layouts(n: int, v: int, K: int) -> list[tuple[int, int]]:

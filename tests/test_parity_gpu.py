@@ -193,3 +193,15 @@ def test_production_extension_has_no_probes_and_dev_has_the_trace():
                 kw["h0"], plain, plain_h, True)
     torch.cuda.synchronize()
     assert torch.equal(out, plain) and (trace[:T * 6] > 0).all()
+
+
+def test_throughput_probe_reports_plausible_rates():
+    from elman.harness import probes
+
+    rates = {r["params"]["op"]: r["metrics"]["per_clock_per_sm"] for r in probes.throughput_records(iters=512)}
+    assert set(rates) == set(probes.THROUGHPUT_OPS)
+    # four FP32 pipes of 32 lanes at most; the special-function unit far below them
+    assert 16 <= rates["fma"] <= 128.5 and 0 < rates["tanh_approx"] < rates["fma"]
+    with pytest.raises(ValueError, match="sink"):
+        ops.load("dev").throughput(0, 1, 32, 1, torch.zeros(1, dtype=torch.int64, device="cuda"),
+                                   torch.zeros(1, dtype=torch.int32, device="cuda"))

@@ -194,6 +194,33 @@ __global__ void clock_probe_kernel(int work, int rounds, long long* out) {
   if (x == -1.f && c[0][0] + c[1][1] + c[2][2] + c[3][3] == -1.f) out[0] = 0;  // keep the work
 }
 
+// Issue rate of one instruction kind per SM per clock: every thread runs 8 independent chains
+// of `iters` instructions (op 0 tanh.approx.f32, 1 ex2.approx.f32, 2 fma.rn.f32), so latency
+// is hidden by the chains and the warps; out[b] = CTA b's cycles (clock64) for the loop.
+template <int kOp>
+__global__ void throughput_kernel(int iters, long long* out, float* sink) {
+  float x[8];
+#pragma unroll
+  for (int c = 0; c < 8; ++c) x[c] = 0.1f * (threadIdx.x % 7) + 0.01f * c;
+  __syncthreads();
+  const long long c0 = clock64();
+  for (int i = 0; i < iters; ++i) {
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+      if constexpr (kOp == 0) asm volatile("tanh.approx.f32 %0, %0;" : "+f"(x[c]));
+      else if constexpr (kOp == 1) asm volatile("ex2.approx.f32 %0, %0;" : "+f"(x[c]));
+      else asm volatile("fma.rn.f32 %0, %0, 0f3F7FFFF0, 0f33D6BF95;" : "+f"(x[c]));
+    }
+  }
+  __syncthreads();
+  const long long c1 = clock64();
+  if (threadIdx.x == 0) out[blockIdx.x] = c1 - c0;
+  float s = 0.f;
+#pragma unroll
+  for (int c = 0; c < 8; ++c) s += x[c];
+  if (s == -1.f) sink[0] = s;  // keep the chains
+}
+
 cudaError_t launch_cluster(void (*kernel)(int), int cluster, int iters, cudaStream_t stream) {
   if (cluster > 8) {
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
@@ -244,6 +271,17 @@ cudaError_t launch_clock_probe(cudaStream_t stream, int work, int blocks, int ro
       cudaFuncSetAttribute(clock_probe_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (e != cudaSuccess) return e;
   clock_probe_kernel<<<blocks, 512, kSmem, stream>>>(work, rounds, out);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_throughput(cudaStream_t stream, int op, int blocks, int threads, int iters,
+                              long long* out, float* sink) {
+  if (op < 0 || op > 2 || blocks < 1 || threads < 32 || threads > 1024 || threads % 32 || iters < 0)
+    return cudaErrorInvalidValue;
+  void (*k)(int, long long*, float*) = op == 0   ? throughput_kernel<0>
+                                       : op == 1 ? throughput_kernel<1>
+                                                 : throughput_kernel<2>;
+  k<<<blocks, threads, 0, stream>>>(iters, out, sink);
   return cudaGetLastError();
 }
 

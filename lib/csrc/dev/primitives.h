@@ -21,5 +21,10 @@ cudaError_t launch_allgather(cudaStream_t stream, int method, int cluster, int s
 // back to back, 2 mma.sync bursts every 2 us); out[2 b], out[2 b + 1] = cycles, ns of CTA b.
 cudaError_t launch_clock_probe(cudaStream_t stream, int work, int blocks, int rounds,
                                long long* out);
+// `blocks` CTAs of `threads` threads issuing one instruction kind (op 0 tanh.approx.f32, 1
+// ex2.approx.f32, 2 fma.rn.f32) in 8 independent chains of `iters` each; out[b] = CTA b's
+// cycles; `sink` (one float) keeps the results.
+cudaError_t launch_throughput(cudaStream_t stream, int op, int blocks, int threads, int iters,
+                              long long* out, float* sink);
 
 }  // namespace elman

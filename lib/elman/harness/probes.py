@@ -97,6 +97,33 @@ def clock_records() -> list[dict]:
     return out
 
 
+THROUGHPUT_OPS = ("tanh_approx", "ex2_approx", "fma")
+
+
+def throughput_records(iters: int = 4096) -> list[dict]:
+    """Issue rate of one instruction kind per SM per clock (tanh.approx.f32, ex2.approx.f32,
+    fp32 FMA): 4 CTAs of 256 threads an SM, all resident, each thread 8 independent chains of
+    `iters` instructions; the rate is the instructions over the SMs and the CTAs' median
+    cycles (clock64). What a nonlinear recurrence's elementwise work can cost at best."""
+    ext = extension.load("dev")
+    warm_up()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    blocks, threads = 4 * sms, 256
+    out = torch.zeros(blocks, dtype=torch.int64, device="cuda")
+    sink = torch.zeros(1, device="cuda")
+    recs = []
+    for k, name in enumerate(THROUGHPUT_OPS):
+        for _ in range(3):  # the last launch counts
+            ext.throughput(k, blocks, threads, iters, out, sink)
+        torch.cuda.synchronize()
+        cycles = out.double().median().item()
+        rate = blocks * threads * 8 * iters / (sms * cycles)
+        recs.append(records.make("bench", "primitive", name, {"measure": "throughput", "op": name,
+                                                             "blocks": blocks, "threads": threads},
+                                 {"per_clock_per_sm": rate, "cycles": cycles}))
+    return recs
+
+
 def trace_record(entry: Entry, B: int, D: int, T: int = T_DEFAULT) -> dict | None:
     """Where a persistent forward step of the entry's epilogue spends its time: CTA 0's
     clock at six boundaries of every step, as median nanoseconds per named phase; None
