@@ -16,11 +16,9 @@ import re
 import sys
 
 import torch
-import torch.nn.functional as F
 
 from ..core import records
-from . import train
-from .lm import n_params
+from . import memory, train
 
 # First match wins; names are CUDA kernel names as the profiler reports them.
 CATEGORIES = (
@@ -41,51 +39,26 @@ def category(kernel: str) -> str:
     return "other"
 
 
-def _step(model, opt, data, clip: float, events: list | None = None) -> None:
-    def mark():
-        if events is not None:
-            e = torch.cuda.Event(enable_timing=True)
-            e.record()
-            events.append(e)
-
-    mark()
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        logits = model(data[:, :-1])
-    loss = F.cross_entropy(logits.float().flatten(0, 1), data[:, 1:].flatten())
-    mark()
-    loss.backward()
-    mark()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-    mark()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    mark()
-
-
 def lm_profile_record(level: str, dim: int, depth: int, expansion: float = 1.0, batch: int = 64,
                       seq: int = 512, options: dict | None = None, steps: int = 5, top: int = 15) -> dict:
     """Warm up two steps, time `steps` steps by phase, then profile one step by kernel."""
     if not torch.cuda.is_available():
         raise RuntimeError("lm_profile_record profiles GPU kernels: it needs a CUDA device")
-    device = torch.device("cuda")
-    cfg = {**train.DEFAULTS, "level": level, "dim": dim, "depth": depth, "expansion": expansion,
-           "option": [f"{k}={v}" for k, v in (options or {}).items()], "batch": batch, "seq": seq}
-    model, opt = train.build(cfg, device)
-    g = torch.Generator(device=device).manual_seed(0)
-    data = torch.randint(0, 256, (batch, seq + 1), device=device, generator=g)
+    model, opt, data, cfg = memory.setup(level, dim, depth, expansion, batch, seq, options)
+    clip = cfg["grad_clip"]
     for _ in range(2):
-        _step(model, opt, data, cfg["grad_clip"])
+        memory.train_step(model, opt, data, clip)
     phases = {"forward": [], "backward": [], "clip": [], "optimizer": [], "step": []}
     for _ in range(steps):
-        ev: list = []
-        _step(model, opt, data, cfg["grad_clip"], ev)
-        ev[-1].synchronize()
-        for name, a, b in zip(("forward", "backward", "clip", "optimizer"), ev, ev[1:]):
+        marks: list = []
+        memory.train_step(model, opt, data, clip, marks)
+        marks[-1].synchronize()
+        for name, a, b in zip(("forward", "backward", "clip", "optimizer"), marks, marks[1:]):
             phases[name].append(a.elapsed_time(b))
-        phases["step"].append(ev[0].elapsed_time(ev[-1]))
+        phases["step"].append(marks[0].elapsed_time(marks[-1]))
     median = {k: sorted(v)[len(v) // 2] for k, v in phases.items()}
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        _step(model, opt, data, cfg["grad_clip"])
+        memory.train_step(model, opt, data, clip)
         torch.cuda.synchronize()
     kernels: dict[str, float] = {}
     for evt in prof.key_averages():
@@ -97,9 +70,7 @@ def lm_profile_record(level: str, dim: int, depth: int, expansion: float = 1.0, 
         by_category[category(name)] = by_category.get(category(name), 0.0) + ms
     largest = sorted(kernels.items(), key=lambda kv: -kv[1])[:top]
     return records.make("bench", model.level, f"lm:{model.backend}",
-                        {"measure": "lm_profile", "dim": dim, "depth": depth, "expansion": expansion,
-                         "B": batch, "T": seq, "dtype": "bfloat16", "options": dict(options or {}),
-                         "n_params": n_params(model)},
+                        memory.step_params("lm_profile", model, cfg, options),
                         {"phase_ms": median, "tokens_per_s": batch * seq / (median["step"] / 1000),
                          "kernel_ms_by_category": by_category, "kernel_ms_total": sum(kernels.values()),
                          "largest_kernels_ms": largest})
