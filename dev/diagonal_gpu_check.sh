@@ -10,17 +10,8 @@
 # line), "== bandwidth bf16" (one row a step and width: ms, GB/s and % of the copy forward and
 # backward, the launch as elements-per-thread x threads x blocks; then PASS / MISS a step and a
 # summary line), "== bandwidth fp32" (the same at the launcher's width).
-set -uo pipefail
-cd "$(dirname "$0")/.."
-export PYTHONUNBUFFERED=1
-export ELMAN_BUILD_DIR=${ELMAN_BUILD_DIR:-/tmp/elman-build}
-PY=${PYTHON:-python3}
-
-echo "== build"
-start=$(date +%s)
-$PY -c "from elman.core import extension; extension.load('diagonal', verbose=False); print('elman_diagonal built')" || {
-  echo "BUILD FAILED: rerun with extension.load('diagonal', verbose=True) for the compiler's output"; exit 1; }
-echo "build: $(( $(date +%s) - start )) s"
+source "$(dirname "$0")/gpu_check.sh"
+build diagonal
 
 echo "== tests (pytest -m gpu tests/test_diagonal*.py)"
 $PY -m pytest -q -m gpu -p no:cacheprovider tests/test_diagonal.py tests/test_diagonal_gpu.py 2>&1 | tail -25

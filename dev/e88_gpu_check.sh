@@ -4,11 +4,9 @@
 # parity of the E88 / E75 levels, and time the recurrence at the seed study's 480M shape with
 # the floor numbers measured beside it (the warp kernels, the default at n = v <= 32, beside the
 # tiled and column-group kernels).
-set -uo pipefail
-PY=${PYTHON:-python3}
+source "$(dirname "$0")/gpu_check.sh"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader || true
-echo "== build"
-time $PY -c "from elman.core import extension; extension.load('matrix'); print('elman_matrix built')" || exit 1
+build matrix
 echo "== GPU tests"
 $PY -m pytest -q -x -m gpu tests/test_matrix_gpu.py -k "schedule or memory or unsupported or fully_written or autocast or warp" 2>&1 | tail -15
 echo "== parity"

@@ -11,23 +11,8 @@
 # row per variant and size: forward / forward + backward us a step on each path, auto with the
 # path it took; then PASS / MISS / INFO lines and their count). The rows are also written to
 # $OUT/twogemm_latency.json when OUT is set.
-set -uo pipefail
-cd "$(dirname "$0")/.."
-export PYTHONUNBUFFERED=1
-export ELMAN_BUILD_DIR=${ELMAN_BUILD_DIR:-/tmp/elman-build}
-PY=${PYTHON:-python3}
-
-echo "== build"
-start=$(date +%s)
-$PY -c "from elman.core import extension; extension.load('twogemm'); print('elman_twogemm built')" &
-tg=$!
-$PY -c "from elman.core import extension; extension.load('dense'); print('elman_dense built')" &
-de=$!
-ok=1
-wait $tg || ok=0
-wait $de || ok=0
-[ $ok = 1 ] || { echo "BUILD FAILED: rerun with extension.load('twogemm', verbose=True) for the compiler's output"; exit 1; }
-echo "build: $(( $(date +%s) - start )) s"
+source "$(dirname "$0")/gpu_check.sh"
+build twogemm dense
 
 echo "== tests (pytest -m gpu tests/test_twogemm_gpu.py: persistent, paths, auto, stages)"
 timeout 180 $PY -m pytest -q -m gpu -p no:cacheprovider tests/test_twogemm_gpu.py \

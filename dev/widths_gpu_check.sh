@@ -13,17 +13,8 @@
 # path; then PASS / MISS lines and their count; then the traced forward's phases at D = 1024
 # and 1280, B = 4 and 16, from the development extension). The table is also written to
 # $OUT/widths_latency.json when OUT is set.
-set -uo pipefail
-cd "$(dirname "$0")/.."
-export PYTHONUNBUFFERED=1
-export ELMAN_BUILD_DIR=${ELMAN_BUILD_DIR:-/tmp/elman-build}
-PY=${PYTHON:-python3}
-
-echo "== build"
-start=$(date +%s)
-$PY -c "from elman.core import extension; extension.load('dense', verbose=False); print('elman_dense built')" || {
-  echo "BUILD FAILED: rerun with extension.load('dense', verbose=True) for the compiler's output"; exit 1; }
-echo "build: $(( $(date +%s) - start )) s"
+source "$(dirname "$0")/gpu_check.sh"
+build dense
 
 echo "== tests (pytest -m gpu tests/test_widths*.py, the persistent tests of test_e63_gpu.py)"
 $PY -m pytest -q -m gpu -p no:cacheprovider tests/test_widths.py tests/test_widths_gpu.py \
