@@ -47,3 +47,33 @@ def warm_up(seconds: float = 0.5) -> None:
         end.synchronize()
         if start.elapsed_time(end) > 1000 * seconds:
             return
+
+
+def layer_timings(layer: torch.nn.Module, B: int, T: int, d: int, dtype: torch.dtype,
+                  reps: int, sets: int) -> tuple[dict, dict, float]:
+    """A layer's forward (no grad) and forward + backward on [B, T, d] inputs under autocast to
+    `dtype`, rotated over `sets` input sets, and the peak memory (MiB) of one forward + backward
+    above what was allocated before it: (forward, forward + backward, peak)."""
+    g = torch.Generator(device="cuda").manual_seed(7)
+    ys = [torch.randn(B, T, d, device="cuda", generator=g).requires_grad_() for _ in range(sets)]
+    grad = torch.randn(B, T, d, device="cuda", dtype=dtype, generator=g)
+    autocast = torch.autocast("cuda", dtype=dtype)
+
+    def fwd(i):
+        with torch.no_grad(), autocast:
+            layer(ys[i])
+
+    def fwdbwd(i):
+        with autocast:
+            out, _ = layer(ys[i])
+        out.backward(grad.to(out.dtype))
+
+    tf = timeit(fwd, reps, 3, sets)
+    fwdbwd(0)
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fwdbwd(1 % sets)
+    torch.cuda.synchronize()
+    peak = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
+    return tf, timeit(fwdbwd, reps, 3, sets), peak

@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from .. import registry
 from ..core import records
-from ..core.timing import T_DEFAULT, rotation, timeit, warm_up
+from ..core.timing import T_DEFAULT, layer_timings, rotation, warm_up
 from . import parity, probes
 
 SHAPES_B = (4, 16, 64)
@@ -79,29 +79,7 @@ def layer_record(entry: registry.Entry, B: int, D: int, T: int = T_DEFAULT, reps
         options = {"rnn_dtype": dtype, **options}  # cuDNN baselines run in a fixed dtype
     layer = entry.layer(D, 1.0, backend="cuda", **options).cuda()
     n = 2 if quick else rotation(T * B * D * 2 * 2)
-    g = torch.Generator(device="cuda").manual_seed(7)
-    ys = [torch.randn(B, T, D, device="cuda", generator=g).requires_grad_() for _ in range(n)]
-    grad = torch.randn(B, T, D, device="cuda", dtype=dt, generator=g)
-    autocast = torch.autocast("cuda", dtype=dt)
-
-    def fwd(i):
-        with torch.no_grad(), autocast:
-            layer(ys[i])
-
-    def fwdbwd(i):
-        with autocast:
-            out, _ = layer(ys[i])
-        out.backward(grad.to(out.dtype))
-
-    tf = timeit(fwd, reps, 3, n)
-    fwdbwd(0)
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    fwdbwd(1 % n)
-    torch.cuda.synchronize()
-    peak = (torch.cuda.max_memory_allocated() - base) / 2**20
-    tfb = timeit(fwdbwd, reps, 3, n)
+    tf, tfb, peak = layer_timings(layer, B, T, D, dt, reps, n)
     params = sum(p.numel() for p in layer.parameters())
     # a family's op says which path ran; a baseline layer may say which library path ran
     # (fla-gdn: who computed chunk_bwd_dqkwg)

@@ -9,7 +9,7 @@ import torch
 
 from ...core import records
 from ...core.entry import Entry, Shape
-from ...core.timing import T_DEFAULT, timeit, warm_up
+from ...core.timing import T_DEFAULT, layer_timings, timeit, warm_up
 
 SHAPE_100M = dict(dim=1408, expansion=2.0, n=96)  # the seed study's 100M shape for E70-E73
 
@@ -60,25 +60,8 @@ def layer_record(entry: Entry, B: int, dim: int, expansion: float, n: int | None
     torch.manual_seed(0)
     kw = {} if n is None else {"n_state": n}
     layer = entry.layer(dim, expansion, backend="cuda", **kw).cuda()
-    g = torch.Generator(device="cuda").manual_seed(7)
-    ys = [torch.randn(B, T, dim, device="cuda", generator=g).requires_grad_() for _ in range(2)]
-    grad = torch.randn(B, T, dim, device="cuda", dtype=torch.bfloat16, generator=g)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16)
-
-    def fwd(i):
-        with torch.no_grad(), autocast:
-            layer(ys[i])
-
-    def fwdbwd(i):
-        with autocast:
-            out, _ = layer(ys[i])
-        out.backward(grad.to(out.dtype))
-
     warm_up()
-    reps = 3 if quick else reps
-    tf = timeit(fwd, reps, 2, 2)
-    peak = _peak(lambda: fwdbwd(0))
-    tfb = timeit(fwdbwd, reps, 2, 2)
+    tf, tfb, peak = layer_timings(layer, B, T, dim, torch.bfloat16, 3 if quick else reps, 2)
     return records.make("bench", entry.name, "cuda:layer",
                         {"measure": "single_layer", "T": T, "B": B, "D": dim, "expansion": expansion,
                          "n": n or getattr(layer, "n", None), "dtype": "bfloat16",
