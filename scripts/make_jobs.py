@@ -17,11 +17,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
-
-from elman.training import dims  # noqa: E402
+from elman.training import dims
 
 DATA = ".cache/data/debian-mix-1200M.txt.xz"
 TABLES = {
