@@ -269,7 +269,7 @@ def test_persistent_rejects_bad_operands_before_launch():
     with pytest.raises(ValueError, match="does not take"):
         delta.cell("a", pre, w_rec, h0, "persistent")
     pre, w_rec, h0 = _op_inputs("a", 3, 65, 2048, torch.bfloat16)
-    with pytest.raises(ValueError, match="B <= 64"):
+    with pytest.raises(ValueError, match="B must be <= 64"):
         delta.cell("a", pre, w_rec, h0, "persistent")
     pre, w_rec, h0 = _op_inputs("b", 3, 2, 256, torch.float32)
     with pytest.raises(ValueError, match="bf16 only"):
