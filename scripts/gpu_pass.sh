@@ -4,7 +4,7 @@
 # execute the chapters with papermill, optionally train, and pack everything into one
 # archive under $OUT.
 #
-#   scripts/gpu_pass.sh [STAGE ...]      stages: setup build dev warm test parity bitwise gdn
+#   scripts/gpu_pass.sh [STAGE ...]      stages, run in the order named: setup build dev warm test parity bitwise gdn
 #                                        diagonal headline widths baselines bench sanitize
 #                                        chapters train leaderboard pack (default: all but dev,
 #                                        bitwise, diagonal, headline, widths, baselines, train
@@ -20,8 +20,9 @@
 # runs/<UTC>_<commit>_<gpu>/), RUN_NOTE (what the run is for, into run.json), QUICK=1 (small
 # benchmarks), TRAIN_JOBS (job file for train), TEST_FILES (GPU test paths; default tests),
 # BENCH_ARGS (extra `elman bench` flags), WARM_ARGS (extra `elman warm` flags, e.g. -j 8),
-# CHAPTERS (names: only those chapters), DEV_CHECKS (the dev stage's programs, dev/*_gpu_check.*:
-# each runs with a 300 s limit and logs into the run folder). scripts/gpu_session.sh runs a
+# CHAPTERS (names: only those chapters), PARITY_FAMILIES, DEV_CHECKS (the dev stage's programs, dev/*_gpu_check.*:
+# each runs with a 300 s limit and logs into the run folder), STAGE_LIMIT / LIMIT_<stage>
+# (seconds a stage may run before it is stopped and the pass goes on). scripts/gpu_session.sh runs a
 # pass longer than one device call in the background and polls it. Carry .whl in every call.
 # The corpus for train is the packed file that `elman data --pack 1200 --part-mb 60` writes:
 # carry .cache/data/debian-mix-1200M.txt.json with .xz.000 in one call, then .xz.001, .002, .003
@@ -40,11 +41,17 @@ LOG=$OUT/gpu_pass.log
 failed=()
 
 log() { echo "[gpu_pass $(date -u +%H:%M:%S)] $*" | tee -a "$LOG"; }
-stage() {  # stage NAME COMMAND...: run, log, remember failures, go on
+# stage NAME COMMAND...: run, log, remember failures, go on. LIMIT_<NAME> (or STAGE_LIMIT) in
+# seconds stops a stage that runs longer (a hung kernel) and the pass goes on with the next.
+stage() {
   local name=$1; shift
-  log "stage $name: $*"
+  local limit_var=LIMIT_$name
+  local limit=${!limit_var:-${STAGE_LIMIT:-0}}
+  local note=""; [ "$limit" != 0 ] && note=" (limit $limit s)"
+  log "stage $name: $*$note"
   local t0=$SECONDS
-  if "$@" 2>&1 | tee -a "$LOG"; then log "stage $name ok ($((SECONDS - t0)) s)"
+  if timeout -k 20 "$limit" bash -c '"$@"' "$name" "$@" 2>&1 | tee -a "$LOG"; then
+    log "stage $name ok ($((SECONDS - t0)) s)"
   else log "stage $name FAILED ($((SECONDS - t0)) s)"; failed+=("$name"); fi
 }
 has() { [[ " $STAGES " == *" $1 "* ]]; }
@@ -105,8 +112,15 @@ warm_stage() {
   python3 -m elman warm --groups "${groups[@]}" ${WARM_ARGS:-}
 }
 # The variants only: the baselines' parity (Triton kernels to compile) is the baselines stage's.
+# One process a kernel family (PARITY_FAMILIES, in that order), so that a family whose kernel
+# fails or hangs keeps the others' records.
 parity_stage() {
-  python3 -m elman parity --levels $(python3 -c "from elman import registry; print(' '.join(e.name for e in registry.variants()))")
+  local ok=0 f
+  for f in ${PARITY_FAMILIES:-diagonal dense matrix twogemm}; do
+    python3 -m elman parity --levels $(python3 -c "from elman import registry
+print(' '.join(e.name for e in registry.variants() if e.family == '$f'))") || ok=1
+  done
+  return $ok
 }
 bench_stage() { python3 -m elman bench --primitives ${QUICK:+--quick} ${BENCH_ARGS:-}; }
 # compute-sanitizer on the persistent kernels: memcheck through the op (Python, every D the
@@ -196,23 +210,16 @@ pack() {
   ls -la "$OUT"
 }
 
-has setup && stage setup setup
-has build && stage build build
-has dev && stage dev dev_stage
-has warm && stage warm warm_stage
-has test && stage test gpu_tests
-has parity && stage parity parity_stage
-has bitwise && stage bitwise bitwise_stage
-has gdn && stage gdn gdn_stage
-has diagonal && stage diagonal diagonal_stage
-has headline && stage headline headline_stage
-has widths && stage widths widths_stage
-has baselines && stage baselines baselines_stage
-has bench && stage bench bench_stage
-has sanitize && stage sanitize sanitize
-has chapters && stage chapters chapters ${CHAPTERS:-}
-has train && stage train train_stage
-has leaderboard && stage leaderboard leaderboard
-has pack && stage pack pack
+# The stages run in the order they are named.
+declare -A FN=([setup]=setup [build]=build [dev]=dev_stage [warm]=warm_stage [test]=gpu_tests
+  [parity]=parity_stage [bitwise]=bitwise_stage [gdn]=gdn_stage [diagonal]=diagonal_stage
+  [headline]=headline_stage [widths]=widths_stage [baselines]=baselines_stage [bench]=bench_stage
+  [sanitize]=sanitize [chapters]=chapters [train]=train_stage [leaderboard]=leaderboard [pack]=pack)
+export -f "${FN[@]}" log has bench_times_baselines
+export LOG ROOT OUT STAGES BASELINES
+for s in $STAGES; do
+  if [ -z "${FN[$s]:-}" ]; then log "unknown stage $s"; failed+=("$s"); continue; fi
+  if [ "$s" = chapters ]; then stage chapters chapters ${CHAPTERS:-}; else stage "$s" "${FN[$s]}"; fi
+done
 log "done; failed stages: ${failed[*]:-none}"
 [ ${#failed[@]} -eq 0 ]
