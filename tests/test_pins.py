@@ -82,3 +82,17 @@ def test_host_path_pattern():
     assert HOST_PATH.search("'/tmp/abc'") and HOST_PATH.search("/home/u/x")
     assert not HOST_PATH.search("runs/20261124T105417Z_461e9b3/records.jsonl")
     assert not HOST_PATH.search("tokens/s per GPU")
+
+
+def test_a_later_pinned_run_supersedes_the_same_measurement(tmp_path, monkeypatch):
+    def rec(variant, B, ms):
+        return records.make("bench", variant, "cuda", {"B": B, "measure": "cell"}, {"fwd_ms": ms})
+    old, new = tmp_path / "old", tmp_path / "new"
+    records.write([rec("E61", 4, 1.0), rec("E61", 64, 2.0)], old)
+    records.write([rec("E61", 4, 0.5), rec("E68", 4, 3.0)], new)
+    pins_file = tmp_path / "runs.yml"
+    pins_file.write_text(f"chapters:\n  x: [{old}, {new}]\n")
+    monkeypatch.setattr(pins, "PINS", pins_file)
+    got = {(r["variant"], r["params"]["B"]): r["metrics"]["fwd_ms"] for r in pins.records_of("x", "bench")}
+    assert got == {("E61", 4): 0.5, ("E61", 64): 2.0, ("E68", 4): 3.0}
+    assert pins.records_of("x", "bench", measure="layer") == []

@@ -4,6 +4,7 @@
 pins file (to render the chapters from one's own runs); its entries may be absolute paths."""
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -38,6 +39,14 @@ def runs(chapter: str) -> list[Path]:
 
 
 def records_of(chapter: str, kind: str | None = None, measure: str | None = None) -> list[dict]:
-    """The records of `chapter`'s pinned runs, optionally of one kind and bench measure."""
-    recs = records.read(runs(chapter), kind=kind)
-    return [r for r in recs if measure is None or r["params"].get("measure") == measure]
+    """The records of `chapter`'s pinned runs, optionally of one kind and bench measure. Where
+    several pinned runs measured the same thing (kind, variant, implementation, parameters),
+    the run listed later supersedes the earlier: one record a measurement."""
+    latest: dict[str, dict] = {}
+    for run in runs(chapter):
+        for r in records.read([run], kind=kind):
+            if measure is None or r["params"].get("measure") == measure:
+                key = json.dumps([r["kind"], r["variant"], r["impl"], r["params"]], sort_keys=True)
+                latest.pop(key, None)
+                latest[key] = r
+    return list(latest.values())
