@@ -20,7 +20,7 @@
 # runs/<UTC>_<commit>_<gpu>/), RUN_NOTE (what the run is for, into run.json), QUICK=1 (small
 # benchmarks), TRAIN_JOBS (job file for train), TEST_FILES (GPU test paths; default tests),
 # BENCH_ARGS (extra `elman bench` flags), WARM_ARGS (extra `elman warm` flags, e.g. -j 8),
-# CHAPTERS (names: only those chapters), PARITY_FAMILIES, DEV_CHECKS (the dev stage's programs, dev/*_gpu_check.*:
+# CHAPTERS (names: only those chapters), BUILD (extensions to build first), PARITY_FAMILIES, DEV_CHECKS (the dev stage's programs, dev/*_gpu_check.*:
 # each runs with a 300 s limit and logs into the run folder), STAGE_LIMIT / LIMIT_<stage>
 # (seconds a stage may run before it is stopped and the pass goes on). scripts/gpu_session.sh runs a
 # pass longer than one device call in the background and polls it. Carry .whl in every call.
@@ -77,11 +77,12 @@ setup() {
   python3 -m ipykernel install --user --name python3 > /dev/null 2>&1 || true
   python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
 }
-# Every extension (each kernel family's and the dev probes'), built side by side in processes
-# of their own: a family's compile error fails the stage but not the others' builds.
+# Every extension (each kernel family's and the dev probes'; BUILD names fewer), built side by
+# side in processes of their own: a family's compile error fails the stage but not the others'
+# builds. An extension not built here is built on its first use.
 build() {
   local ok=0 pids=() n
-  for n in $(python3 -c "from elman.core import extension; print(' '.join(extension.NAMES))"); do
+  for n in ${BUILD:-$(python3 -c "from elman.core import extension; print(' '.join(extension.NAMES))")}; do
     python3 -c "from elman.core import extension; extension.load('$n')" & pids+=($!)
   done
   for n in "${pids[@]}"; do wait "$n" || ok=1; done
