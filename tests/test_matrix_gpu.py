@@ -159,7 +159,7 @@ def test_backward_matches_the_schedule_fp32(column, beta, n, v, K, slots, group)
 def test_warp_kernels_match_the_tiled_ones(dtype):
     """The 480M geometry's layout (n = v = 32) in both dtypes against the tiled kernels, a chunk
     boundary inside T, every output and gradient."""
-    kw = {k: None if t is None else t.detach() for k, t in _inputs(45, 2, 5, 32, 32).items()}
+    kw = {k: None if t is None else t.detach().float() for k, t in _inputs(45, 2, 5, 32, 32).items()}
     x = {k: kw[k].to(DTYPES[dtype]) for k in ("q", "k", "v")}
     g = torch.Generator(device="cuda").manual_seed(3)
     d_o = torch.randn(45, 2, 5, 32, device="cuda", generator=g).to(DTYPES[dtype])
@@ -175,11 +175,14 @@ def test_warp_kernels_match_the_tiled_ones(dtype):
 
 
 def test_warp_kernels_fall_back_on_unaligned_tensors():
+    """k 8 bytes off a 16-byte boundary: the warp kernels read k in 16-byte vectors, so without
+    the fall-back to the tiled kernels this input faults."""
     kw = {k: None if t is None else t.detach().float() for k, t in _inputs(20, 2, 3, 32, 32).items()}
-    wide = torch.cat([kw["decay"][:1], kw["decay"]])[1:]      # a view 4 * B * H bytes in: not 16-aligned
-    assert wide.data_ptr() % 16 and torch.equal(wide, kw["decay"])
-    args = (kw["q"], kw["k"], kw["v"])
-    o, S_T, _ = op.forward(*args, wide, kw["beta"], kw["h0"], "tanh", 16, op.WARP)
-    o_ref, S_ref, _ = op.forward(*args, kw["decay"], kw["beta"], kw["h0"], "tanh", 16, op.WARP)
+    flat = kw["k"].flatten()
+    k_off = torch.cat([flat[:2], flat])[2:].view_as(kw["k"])
+    assert k_off.data_ptr() % 16 and torch.equal(k_off, kw["k"])
+    rest = (kw["v"], kw["decay"], kw["beta"], kw["h0"], "tanh", 16, op.WARP)
+    o, S_T, _ = op.forward(kw["q"], k_off, *rest)
+    o_ref, S_ref, _ = op.forward(kw["q"], kw["k"], *rest)
     torch.testing.assert_close(o, o_ref, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(S_T, S_ref, rtol=1e-6, atol=1e-6)
