@@ -57,11 +57,12 @@ __device__ __forceinline__ float tape_update(float m, float beta, float u) {
   return round_bf16(__fmaf_rn(beta, u, __fmul_rn(1.f - beta, m)));
 }
 
-// softmax over the lanes n < N of v (other lanes 0).
+// softmax over the lanes n < N of v (other lanes 0). Every lane runs the shuffles of the max
+// and the sum: a full-mask shuffle under a lane-dependent branch is undefined.
 __device__ __forceinline__ float softmax_lanes(float v, int slots) {
   const int lane = int(threadIdx.x) & 31;
-  const float x = lane < slots ? v : -INFINITY;
-  const float e = lane < slots ? expf(x - warp_max(x)) : 0.f;
+  const float mx = warp_max(lane < slots ? v : -INFINITY);
+  const float e = lane < slots ? expf(v - mx) : 0.f;
   return e / warp_sum(e);
 }
 
