@@ -67,10 +67,11 @@ class ParityCase:
 
 
 def rel_error(fast: torch.Tensor | None, ref: torch.Tensor | None) -> float:
-    """||fast - ref|| / ||ref|| in fp64; inf for a missing or non-finite result."""
+    """||fast - ref|| / ||ref|| in fp64 (on fast's device); inf for a missing or non-finite
+    result."""
     if fast is None or ref is None:
         return math.inf if (fast is None) != (ref is None) else 0.0
-    a, b = fast.detach().double(), ref.detach().double()
+    a, b = fast.detach().double(), ref.detach().to(fast.device).double()
     if not torch.isfinite(a).all():
         return math.inf
     denom = b.norm().item()
