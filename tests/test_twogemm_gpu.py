@@ -333,7 +333,8 @@ def test_tape_persistent_agrees_with_schedule():
         **cpu, K=K, rounding=torch.bfloat16)
     g = torch.Generator().manual_seed(2)
     cot = (torch.randn(T, B, D, generator=g).bfloat16().float(),
-           torch.randn(B, D, generator=g).bfloat16().float(), torch.randn(B, N, D, generator=g))
+           torch.randn(B, D, generator=g).bfloat16().float(),
+           torch.randn(B, N, D, generator=g).bfloat16().float())
     grads = schedule.tape_backward(cpu["x"], cpu["z"], cpu["w_x"], cpu["w_h"], cpu["w_wr"], w_all,
                                    u_all, alpha_all, beta_all, ckpt, *cot, K, torch.bfloat16)
     leaves = {k: t.clone().requires_grad_() for k, t in x.items()}

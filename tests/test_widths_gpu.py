@@ -53,7 +53,7 @@ def _dense_run(epilogue: str, path: str, T: int, B: int, D: int):
     kw = _dense_inputs(T, B, D)
     g = torch.Generator(device="cuda").manual_seed(1)
     gates = (kw["z"],) if op.epilogues()[epilogue]["gates"] == 1 else ()
-    args = {k: v.to(torch.bfloat16).requires_grad_() for k, v in kw.items()}
+    args = {k: v.detach().to(torch.bfloat16).requires_grad_() for k, v in kw.items()}
     out, h_T = op.cell(epilogue, args["x"], tuple(args["z"] for _ in gates), args["w_x"],
                        args["w_h"], args["b"], args["h0"], path)
     assert op.last_path["forward"] == path
