@@ -41,9 +41,9 @@ def main() -> None:
             rec = _time(sets, T, B, H, n, v, K, group, slots)
             print(f"{bench.impl_name(group, n, v, slots):<28} {K:>3} {rec[0]:8.3f} {rec[1]:8.3f} "
                   f"{rec[1] / rec[0]:8.2f} {rec[2]:8.3f} {rec[3]:8.0f}")
-    fwd_copy, bwd_copy = _copy_ms(2 * moved["fwd_bytes"]), _copy_ms(2 * moved["bwd_bytes"])
+    fwd_copy, bwd_copy = _copy_ms(moved["fwd_bytes"]), _copy_ms(moved["bwd_bytes"])
     print(f"floor, memory: forward moves {moved['fwd_bytes'] / 1e6:.0f} MB -> {fwd_copy:.3f} ms at the measured "
-          f"copy bandwidth ({2 * moved['fwd_bytes'] / 2 / fwd_copy / 1e6:.0f} GB/s); backward "
+          f"copy bandwidth ({moved['fwd_bytes'] / fwd_copy / 1e6:.0f} GB/s, read + write); backward "
           f"{moved['bwd_bytes'] / 1e6:.0f} MB -> {bwd_copy:.3f} ms")
     sm = torch.cuda.get_device_properties(0).multi_processor_count
     rate = {r["params"]["op"]: r["metrics"]["per_clock_per_sm"] for r in probes.throughput_records()}

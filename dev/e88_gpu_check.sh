@@ -6,7 +6,7 @@
 # tiled and column-group kernels).
 source "$(dirname "$0")/gpu_check.sh"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader || true
-build matrix
+build matrix dev
 echo "== GPU tests"
 $PY -m pytest -q -x -m gpu tests/test_matrix_gpu.py -k "schedule or memory or unsupported or fully_written or autocast or warp" 2>&1 | tail -15
 echo "== parity"

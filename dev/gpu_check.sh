@@ -6,6 +6,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export PYTHONUNBUFFERED=1
 export ELMAN_BUILD_DIR=${ELMAN_BUILD_DIR:-/tmp/elman-build}
 PY=${PYTHON:-python3}
+# Records (parity, benchmarks) go under $OUT when a device call collects it, else to runs/.
+[ -n "${OUT:-}" ] && export ELMAN_RUN_DIR=${ELMAN_RUN_DIR:-$OUT/run}
 
 build() {
   echo "== build"

@@ -21,4 +21,4 @@ timeout 180 $PY -m pytest -q -m gpu -p no:cacheprovider tests/test_twogemm_gpu.p
 echo "== latency"
 json=()
 [ -n "${OUT:-}" ] && json=(--json "$OUT/twogemm_latency.json")
-timeout 150 $PY dev/twogemm_latency.py --T 256 --reps 10 "${json[@]}"
+timeout 240 $PY dev/twogemm_latency.py --T 256 --reps 10 "${json[@]}"

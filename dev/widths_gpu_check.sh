@@ -14,7 +14,7 @@
 # and 1280, B = 4 and 16, from the development extension). The table is also written to
 # $OUT/widths_latency.json when OUT is set.
 source "$(dirname "$0")/gpu_check.sh"
-build dense
+build dense dev
 
 echo "== tests (pytest -m gpu tests/test_widths*.py, the persistent tests of test_e63_gpu.py)"
 $PY -m pytest -q -m gpu -p no:cacheprovider tests/test_widths.py tests/test_widths_gpu.py \

@@ -21,7 +21,7 @@
 # benchmarks), TRAIN_JOBS (job file for train), TEST_FILES (GPU test paths; default tests),
 # BENCH_ARGS (extra `elman bench` flags), WARM_ARGS (extra `elman warm` flags, e.g. -j 8),
 # CHAPTERS (names: only those chapters), BUILD (extensions to build first), PARITY_FAMILIES, DEV_CHECKS (the dev stage's programs, dev/*_gpu_check.*:
-# each runs with a 300 s limit and logs into the run folder), STAGE_LIMIT / LIMIT_<stage>
+# each runs with a DEV_LIMIT (default 420) s limit and logs into the run folder), STAGE_LIMIT / LIMIT_<stage>
 # (seconds a stage may run before it is stopped and the pass goes on). scripts/gpu_session.sh runs a
 # pass longer than one device call in the background and polls it. Carry .whl in every call.
 # The corpus for train is the packed file that `elman data --pack 1200 --part-mb 60` writes:
@@ -147,7 +147,7 @@ dev_stage() {  # a kernel's own check program, before its family's pass: each in
   local ok=0 c
   for c in ${DEV_CHECKS:-}; do
     log "dev check $c"
-    case $c in *.py) timeout 300 python3 "$c";; *) timeout 300 bash "$c";; esac \
+    case $c in *.py) timeout "${DEV_LIMIT:-420}" python3 "$c";; *) timeout "${DEV_LIMIT:-420}" bash "$c";; esac \
       > "$ELMAN_RUN_DIR/$(basename "${c%.*}").log" 2>&1 || ok=1
     tail -n 30 "$ELMAN_RUN_DIR/$(basename "${c%.*}").log"
   done
