@@ -27,10 +27,12 @@ pytestmark = [pytest.mark.gpu,
 # Every D the kernels take; one and several clusters; odd B (dead batch columns); 16 batch
 # columns per cluster (B = 64, D = 1024); the grid design (D = 2048) with its mma.sync multiply
 # (8 batch columns) and its wgmma multiply (32 columns, 12 of them dead; 64 columns); the wide
-# cluster design (D = 1280) in one cluster and in waves of clusters.
+# cluster design (D = 1280) in one cluster and in waves of clusters; the grid design at widths
+# below 2048 (CTAs with no live column block at D = 384, a partial column quarter at 1152).
 EPILOGUE = "tanh_silu_gate"
 SHAPES = [(24, 3, 256), (24, 20, 512), (16, 4, 768), (24, 16, 1024), (12, 64, 1024),
-          (10, 5, 2048), (10, 20, 2048), (8, 64, 2048), (16, 9, 1280), (8, 64, 1280)]
+          (10, 5, 2048), (10, 20, 2048), (8, 64, 2048), (16, 9, 1280), (8, 64, 1280),
+          (10, 5, 1152), (8, 64, 384)]
 
 
 def _inputs(T, B, D):

@@ -1,6 +1,6 @@
 // Persistent kernels of the dense family at D = 256 .. 2048, multiples of 128 (bf16, sm_90):
 // the grid design. persistent.cu gives it the widths the cluster design (persistent.cuh) does
-// not take: 384, 640, 896 and 1152 .. 2048.
+// and the wide design (wide.cuh) do not take: 384, 640, 896, 1152 and 1408 .. 2048.
 //
 // W_h (up to 8 MiB of bf16) does not fit in one cluster, and at most 30 clusters of 4, 15 of 8
 // or 7 of 16 CTAs fit on an H100 at once (measured occupancy), so this design uses no
@@ -690,7 +690,7 @@ PersistentPlan make_plan(int batch, int dim, bool backward) {
   if (batch < 1) { plan.reason = "B must be at least 1"; return plan; }
   if (batch > kMaxBc) {  // measured: two launches of 64 columns at B = 70 took 14.3 us a
     // step, the per-step path 7.7
-    plan.reason = "at D other than 256, 512, 768, 1024 (the grid design) B must be <= 64; "
+    plan.reason = "at D other than 256, 512, 768, 1024, 1280 (the grid design) B must be <= 64; "
                   "beyond, the per-step path is faster";
     return plan;
   }
