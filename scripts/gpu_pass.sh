@@ -119,7 +119,7 @@ parity_stage() {
   local ok=0 f
   for f in ${PARITY_FAMILIES:-diagonal dense matrix twogemm}; do
     python3 -m elman parity --levels $(python3 -c "from elman import registry
-print(' '.join(e.name for e in registry.variants() if e.family == '$f'))") || ok=1
+print(' '.join(e.name for e in registry.entries('variant', '$f')))") || ok=1
   done
   return $ok
 }

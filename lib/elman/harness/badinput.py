@@ -46,7 +46,7 @@ KINDS: dict[str, tuple[tuple[type, ...], str, bool]] = {
     "noncontiguous": ((ValueError, RuntimeError), r"(?i)contiguous|stride", True),
     "misaligned": ((ValueError, RuntimeError), r"(?i)align", True),
     "empty": ((ValueError,), r"(?i)empty|>= ?1|at least 1", False),
-    "unsupported": ((ValueError, RuntimeError), r"(?i)does not take|not support|unsupported|no persistent path", False),
+    "unsupported": ((ValueError, RuntimeError), r"(?i)does not take|not support|unsupported", False),
     "extension": ((extension.ExtensionUnavailable,), r"(?i)extension|cuda", False),
     "width": ((ValueError,), r"(?i)width|dim|at least|positive|multiple", False),
     "parameter": ((ValueError, RuntimeError), r"(?i)shape|must be|size", False),

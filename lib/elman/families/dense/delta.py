@@ -54,7 +54,8 @@ PATHS = ("auto", "persistent", "graph", "steps")
 RAW_PATHS = ("graph", "steps")
 PERSISTENT_EPILOGUE = {"a": "delta_complementary", "b": "delta_independent", "d": "delta_additive"}
 NO_PERSISTENT_63C = (
-    "E63c has no persistent path: its gates read U_alpha h_{t-1} and U_beta h_{t-1}, so its "
+    "E63c has no persistent path (the persistent kernels do not support its gates): its gates "
+    "read U_alpha h_{t-1} and U_beta h_{t-1}, so its "
     "recurrent matrix [W_h; U_alpha; U_beta] is 3D x D, and element r of h_t needs rows r, D + r "
     "and 2D + r. The persistent designs keep 64 rows of the matrix per CTA in registers (the "
     "cluster design: D / 16 registers a thread, 64 of the 128 a thread has at D = 1024; the "
