@@ -154,10 +154,11 @@ dev_stage() {  # a kernel's own check program, before its family's pass: each in
   return $ok
 }
 # The diagonal family's bandwidth table (issue 21's shapes): every diagonal level, forward and
-# backward against the copy bandwidth, FLA's HGRN kernels beside E61, T = 512 then T = 4096.
+# backward against the copy bandwidth, FLA's HGRN kernels beside E61, T = 512 then T = 4096
+# (DIAGONAL_T, DIAGONAL_D; DIAGONAL_LEVELS: fewer levels).
 diagonal_stage() {
   local levels ok=0 T
-  levels=$(python3 -c "from elman import registry; print(' '.join(e.name for e in registry.entries(family='diagonal')))")
+  levels=${DIAGONAL_LEVELS:-$(python3 -c "from elman import registry; print(' '.join(e.name for e in registry.entries(family='diagonal')))")}
   for T in ${DIAGONAL_T:-512 4096}; do
     python3 -m elman bench --levels $levels --B 4 16 64 --D ${DIAGONAL_D:-1024 2048 4096} --T $T --no-layers \
       ${QUICK:+--quick} ${BENCH_ARGS:-} || ok=1

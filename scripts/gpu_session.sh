@@ -6,9 +6,12 @@
 #                                                   start scripts/gpu_pass.sh STAGE... there,
 #                                                   detached; the environment (ELMAN_COMMIT,
 #                                                   TEST_FILES, CHAPTERS, ...) passes through
-#   bash scripts/gpu_session.sh poll [SECONDS]      wait until the pass ends or SECONDS pass
-#                                                   (default 540), print its stage lines, and
-#                                                   pack the run folder, the chapters and the
+#   bash scripts/gpu_session.sh start FILE.sh       the same with a plan: a bash file of several
+#                                                   gpu_pass.sh calls, each with its own
+#                                                   environment and run folder, run in order
+#   bash scripts/gpu_session.sh poll [SECONDS]      wait until the passes end or SECONDS pass
+#                                                   (default 540), print the stage lines, and
+#                                                   pack the run folders, the chapters and the
 #                                                   log into $OUT/pass.tgz
 #
 # The copy matters: each device call re-syncs the repository's own tree, which would change
@@ -22,21 +25,23 @@ case $verb in
   start)
     rm -rf "$WORK" && mkdir -p "$WORK/out" && cp -a . "$WORK/"
     cd "$WORK" || exit 1
-    OUT=$WORK/out setsid nohup bash scripts/gpu_pass.sh "$@" > "$WORK/out/console.log" 2>&1 < /dev/null &
-    echo "started gpu_pass.sh $* in $WORK (pid $!)"
+    if [ -f "${1:-}" ]; then cmd=(bash "$1"); else cmd=(bash scripts/gpu_pass.sh "$@"); fi
+    OUT=$WORK/out setsid nohup bash -c '"$@"; echo "[gpu_session] all passes ended"' session "${cmd[@]}" \
+      > "$WORK/out/console.log" 2>&1 < /dev/null &
+    echo "started ${cmd[*]} in $WORK (pid $!)"
     ;;
   poll)
     limit=${1:-540}
     log=$WORK/out/gpu_pass.log
     for ((t = 0; t < limit; t += 5)); do
-      grep -q "\] done; failed stages" "$log" 2>/dev/null && break
+      grep -q "^\[gpu_session\] all passes ended" "$WORK/out/console.log" 2>/dev/null && break
       sleep 5
     done
     grep -a "^\[gpu_pass" "$log" 2>/dev/null | tail -40
     tail -c 2000 "$WORK/out/console.log" 2>/dev/null | tr '\r' '\n' | tail -8
-    run=$(grep -aom1 "run dir .*" "$log" 2>/dev/null | cut -c9-)
-    if [ -n "${OUT:-}" ] && [ -n "$run" ]; then
-      tar czf "$OUT/pass.tgz" -C "$WORK" "${run#"$WORK"/}" book/chapters out/gpu_pass.log 2>/dev/null
+    runs=$(grep -ao "run dir .*" "$log" 2>/dev/null | cut -c9- | sed "s|^$WORK/||")
+    if [ -n "${OUT:-}" ] && [ -n "$runs" ]; then
+      tar czf "$OUT/pass.tgz" -C "$WORK" $runs book/chapters out/gpu_pass.log 2>/dev/null
       ls -la "$OUT"
     fi
     ;;
