@@ -1,5 +1,6 @@
 """scripts/gpu_pass.sh on the CPU: stages run in the order named, a stage past its limit is
-stopped and the pass goes on, an unknown stage fails the pass without stopping it."""
+stopped and the pass goes on, an unknown stage fails the pass without stopping it; and
+scripts/gpu_session.sh runs a plan of passes and packs every run folder."""
 from __future__ import annotations
 
 import os
@@ -26,3 +27,26 @@ def test_stage_order_limits_and_unknown_stages(tmp_path: Path):
     assert "unknown stage bogus" in log and "stage dev FAILED" in log and "stage pack ok" in log
     assert (run_dir / "slow.log").read_text().split() == ["started"]
     assert "failed stages: bogus dev" in log
+
+
+def test_session_runs_a_plan_and_packs_every_run_folder(tmp_path: Path):
+    """gpu_session.sh start FILE runs the plan detached on a copy of the tree; poll waits for its
+    end and packs every run folder the passes logged."""
+    tree, work, out = tmp_path / "tree", tmp_path / "work", tmp_path / "out"
+    (tree / "scripts").mkdir(parents=True)
+    (tree / "scripts" / "gpu_session.sh").write_text((ROOT / "scripts" / "gpu_session.sh").read_text())
+    (tree / "plan.sh").write_text("".join(
+        f'mkdir -p runs/{r} && echo {r} > runs/{r}/records.jsonl\n'
+        f'echo "[gpu_pass 00:00:0{i}] run dir $PWD/runs/{r}" >> "$OUT/gpu_pass.log"\n'
+        for i, r in enumerate(["A_run", "B_run"])) + "sleep 1\n")
+    out.mkdir()
+    env = {**os.environ, "WORK": str(work), "OUT": str(out)}
+    start = subprocess.run(["bash", "scripts/gpu_session.sh", "start", "plan.sh"], cwd=tree, env=env,
+                           capture_output=True, text=True, timeout=30)
+    assert start.returncode == 0, start.stderr
+    poll = subprocess.run(["bash", "scripts/gpu_session.sh", "poll", "30"], cwd=tree, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert "[gpu_session] all passes ended" in poll.stdout
+    names = subprocess.run(["tar", "tzf", str(out / "pass.tgz")], capture_output=True, text=True).stdout.split()
+    assert {"runs/A_run/records.jsonl", "runs/B_run/records.jsonl", "out/gpu_pass.log"} <= set(names)
+    assert not (tree / "runs").exists()  # the passes ran on the copy
