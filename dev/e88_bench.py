@@ -1,8 +1,8 @@
 """The E88 recurrence at the seed study's 480M shape (B = 16, T = 512, H = 83, n = v = 32, bf16),
-every kernel layout the op takes (the warp kernels, the tiled kernels beside them, the column
-groups), and the floor numbers measured on the same GPU: the time to
-copy the bytes the forward must move (q, k, v, decay in, o out) and the backward's (q, k, v,
-decay, d_o in, dq, dk, dv, d decay out). Run by dev/e88_gpu_check.sh; prints a table."""
+every kernel layout the op takes (the warp kernels, fed one step ahead in registers or by their
+cp.async input ring, the tiled kernels beside them, the column groups), and the floor numbers
+measured on the same GPU: the time to copy the bytes the forward must move (q, k, v, decay in,
+o out) and the backward's (q, k, v, decay, d_o in, dq, dk, dv, d decay out). Run by dev/e88_gpu_check.sh; prints a table."""
 from __future__ import annotations
 
 import argparse
@@ -58,10 +58,12 @@ def main() -> None:
 
 def _layouts(n: int, v: int, K: int) -> list[tuple[int, int]]:
     """(group, slots): the default; the warp kernels with K slots (one recompute a chunk) and with
-    K / 4; the tiled kernels with their automatic slots and K / 4; the column groups."""
+    K / 4; the same fed by the cp.async ring with automatic slots, K and K / 4; the tiled kernels
+    with their automatic slots and K / 4; the column groups."""
     out = [(0, 0)]
     if op.warp(n, v):
         out += [(op.WARP, K), (op.WARP, max(1, K // 4))]
+        out += [(op.RING, 0), (op.RING, K), (op.RING, max(1, K // 4))]
     if op.TILED in op.layouts(n, v):
         out += [(op.TILED, 0), (op.TILED, max(1, K // 4))]
     return out + [(op.COLUMNS, 0)]

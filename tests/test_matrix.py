@@ -220,21 +220,103 @@ def test_op_validates_before_launch():
     with pytest.raises(ValueError, match="decay"):
         op.recurrence(**dict(kw, decay=kw["decay"][..., None]))
     with pytest.raises(ValueError, match="group"):
-        op.recurrence(**kw, group=3)
+        op.recurrence(**kw, group=5)
     assert op.groups(64) == (0, 4)
 
 
 def test_layouts_resolve():
-    assert op.layouts(32, 32) == (0, op.WARP, op.TILED, op.COLUMNS)
+    assert op.layouts(32, 32) == (0, op.WARP, op.RING, op.TILED, op.COLUMNS)
     assert op.layouts(32, 64) == (0, op.TILED, op.COLUMNS) and op.layouts(96, 32) == (0, op.COLUMNS)
-    assert [op.layout_name(32, 32, g) for g in op.layouts(32, 32)] == ["warp", "warp", "tiled", "G4"]
+    assert [op.layout_name(32, 32, g) for g in op.layouts(32, 32)] == ["warp", "warp", "ring", "tiled", "G4"]
+    assert op.warp(8, 8, op.RING) and not op.warp(16, 32, op.RING) and op.RING not in op.layouts(64, 64)
     assert op.layout_name(64, 64) == "tiled" and op.layout_name(128, 32) == "G4"
     assert op.warp(24, 24) and not op.warp(16, 32) and not op.tiled(32, 32) and op.tiled(32, 32, op.TILED)
     from elman.families.matrix import bench
     assert bench.impl_name(0, 32, 32, 16) == "cuda:matrix:warp:slots16"
     assert bench.impl_name(op.TILED, 32, 32) == "cuda:matrix:tiled" and bench.impl_name(4, 32, 32, 3) == "cuda:matrix:G4"
-    assert bench.layouts(32, 32, 16) == [(0, 0), (0, 16), (op.TILED, 0), (op.COLUMNS, 0)]
+    assert bench.impl_name(op.RING, 32, 32, 4) == "cuda:matrix:ring:slots4"
+    assert bench.layouts(32, 32, 16) == [(0, 0), (0, 16), (op.RING, 0), (op.TILED, 0), (op.COLUMNS, 0)]
     assert bench.layouts(128, 128, 16) == [(0, 0), (op.COLUMNS, 0)]
+
+
+class _BackwardOrder:
+    """The state machine of warp.cuh's BackwardOrder, line for line (what the ring fetches next)."""
+
+    def __init__(self, T, K, slots):
+        self.T, self.K, self.slots = T, K, slots
+        self.ch = -(-T // K)
+        self.next_chunk()
+
+    def s0(self):
+        return max(self.ch * self.K, self.s1 - self.slots)
+
+    def next_chunk(self):
+        self.ch -= 1
+        self.s1, self.t, self.back = min(self.T, (self.ch + 1) * self.K), self.ch * self.K, False
+
+    def advance(self):
+        if not self.back:
+            if self.t + 1 < self.s1:
+                self.t += 1
+            else:
+                self.back = True
+        elif self.t > self.s0():
+            self.t -= 1
+        elif self.s0() > self.ch * self.K:
+            self.s1, self.t, self.back = self.s0(), self.ch * self.K, False
+        else:
+            self.next_chunk()
+
+
+@pytest.mark.parametrize("T", [1, 5, 16, 17, 37, 64])
+@pytest.mark.parametrize("K", [1, 4, 16])
+@pytest.mark.parametrize("slots", [1, 3, 4, 16])
+def test_ring_order_is_the_backward_schedule(T, K, slots):
+    """The ring of the warp backward fetches rows in the order the backward reads them: the
+    kernel's state machine (mirrored) against schedule.backward_order, which every walk step
+    reaches once, from T - 1 down to 0, after the recompute of its sub-chunk."""
+    slots = min(slots, K, T)  # as the launcher clamps them
+    want = schedule.backward_order(T, K, slots)
+    order, got = _BackwardOrder(T, K, slots), []
+    while order.ch >= 0:
+        got.append(("walk" if order.back else "recompute", order.t))
+        order.advance()
+    assert got == want
+    assert [t for kind, t in want if kind == "walk"] == list(reversed(range(T)))
+    for i, (kind, t) in enumerate(want):
+        if kind == "walk" and (i == 0 or want[i - 1][0] == "recompute"):
+            assert want[i - 1] == ("recompute", t)  # a walk starts at the last recomputed step
+
+
+@pytest.mark.parametrize("stages", [2, 4, 8])
+@pytest.mark.parametrize("entries", [1, 3, 7, 8, 9, 40])
+def test_ring_protocol(stages, entries):
+    """warp.cuh's Ring protocol, emulated with the latest completion cp.async allows: prologue
+    fetches entries 0 .. S - 2; per entry i, wait_group(S - 2), read stage i mod S, fetch entry
+    i + S - 1 into stage (i + S - 1) mod S. Every read finds its own entry complete, and no fetch
+    overwrites a stage whose entry is still unread."""
+    S = stages
+    stage, groups = [None] * S, []  # stage contents; committed groups (entry or None), in order
+    done = 0                        # groups complete so far
+
+    def fetch(e):
+        if e < entries:
+            old = stage[e % S]
+            assert old is None or (isinstance(old, int) and old < i_read[0]), "overwrites an unread entry"
+            stage[e % S] = ("pending", e)
+        groups.append(e if e < entries else None)
+
+    i_read = [-1]
+    for e in range(S - 1):
+        fetch(e)
+    for i in range(entries):
+        done = max(done, len(groups) - (S - 2))  # wait_group(S - 2): all but the S - 2 youngest
+        for g in groups[:done]:
+            if g is not None and stage[g % S] == ("pending", g):
+                stage[g % S] = g
+        assert stage[i % S] == i, f"entry {i} read before its copy completed"
+        i_read[0] = i
+        fetch(i + S - 1)
 
 
 def test_parity_cases_build_on_cpu():

@@ -30,7 +30,7 @@ def _inputs(T, B, H, n, v, column=False, beta=True, seed=0):
 @pytest.mark.parametrize("column,beta", [(False, True), (False, False), (True, False)])
 @pytest.mark.parametrize("K", [1, 4, 16])
 @pytest.mark.parametrize("n,v,group", [(16, 32, g) for g in op.layouts(16, 32)]
-                         + [(n, n, op.WARP) for n in op.WARP_SIZES])
+                         + [(n, n, g) for n in op.WARP_SIZES for g in (op.WARP, op.RING)])
 def test_op_matches_the_schedule_fp32(step, column, beta, K, n, v, group):
     kw = _inputs(19, 2, 3, n, v, column, beta)
     plain = {k: None if t is None else t.detach().float() for k, t in kw.items()}
@@ -137,7 +137,7 @@ def test_layer_under_bf16_autocast_matches_the_fp32_reference(level):
 @pytest.mark.parametrize("n,v,K,slots", [(32, 32, 16, 0), (32, 32, 16, 5), (16, 64, 8, 3), (64, 64, 16, 0),
                                          (24, 48, 4, 0), (8, 8, 16, 1), (32, 32, 16, 16), (24, 24, 16, 0),
                                          (16, 16, 4, 3), (32, 32, 8, 3)])
-@pytest.mark.parametrize("group", (0, op.TILED, op.COLUMNS))
+@pytest.mark.parametrize("group", (0, op.RING, op.TILED, op.COLUMNS))
 def test_backward_matches_the_schedule_fp32(column, beta, n, v, K, slots, group):
     if group not in op.layouts(n, v):
         pytest.skip(f"group {group} does not run at n={n}, v={v}")
@@ -165,23 +165,51 @@ def test_warp_kernels_match_the_tiled_ones(dtype):
     d_o = torch.randn(45, 2, 5, 32, device="cuda", generator=g).to(DTYPES[dtype])
     d_S = torch.randn(2, 5, 32, 32, device="cuda", generator=g)
     out = {}
-    for group in (op.WARP, op.TILED):
+    for group in (op.WARP, op.RING, op.TILED):
         o, S_T, ckpt = op.forward(x["q"], x["k"], x["v"], kw["decay"], kw["beta"], kw["h0"], "tanh", 16, group)
         grads = op.backward(x["q"], x["k"], x["v"], kw["decay"], kw["beta"], ckpt, d_o, d_S, "tanh", 16, group)
         out[group] = (o, S_T, ckpt, *grads)
     tol = 1e-5 if dtype == "float32" else 2e-2
-    for a, b in zip(out[op.WARP], out[op.TILED]):
-        torch.testing.assert_close(a.float(), b.float(), rtol=tol, atol=tol)
+    for group in (op.WARP, op.RING):
+        for a, b in zip(out[group], out[op.TILED]):
+            torch.testing.assert_close(a.float(), b.float(), rtol=tol, atol=tol)
 
 
-def test_warp_kernels_fall_back_on_unaligned_tensors():
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", op.WARP_SIZES)
+@pytest.mark.parametrize("column,beta", [(False, True), (False, False), (True, True)])
+@pytest.mark.parametrize("T,B,H,K,slots", [(37, 1, 5, 16, 0), (37, 1, 5, 16, 5), (21, 2, 3, 4, 0),
+                                           (21, 2, 3, 4, 1), (45, 1, 3, 8, 8), (1, 1, 3, 16, 0)])
+def test_ring_equals_the_warp_kernels(dtype, n, column, beta, T, B, H, K, slots):
+    """The cp.async input ring changes only how the inputs reach the lanes, not the arithmetic:
+    every output, checkpoint and gradient equals the warp kernels' bit for bit (T not a multiple
+    of K, B = 1, odd H, the backward's sub-chunks and automatic slots)."""
+    kw = {k: None if t is None else t.detach().float() for k, t in _inputs(T, B, H, n, n, column, beta).items()}
+    x = {k: kw[k].to(DTYPES[dtype]) for k in ("q", "k", "v")}
+    g = torch.Generator(device="cuda").manual_seed(7)
+    d_o = torch.randn(T, B, H, n, device="cuda", generator=g).to(DTYPES[dtype])
+    d_S = torch.randn(B, H, n, n, device="cuda", generator=g)
+    out = {}
+    for group in (op.WARP, op.RING):
+        o, S_T, ckpt = op.forward(x["q"], x["k"], x["v"], kw["decay"], kw["beta"], kw["h0"], "tanh", K, group)
+        grads = op.backward(x["q"], x["k"], x["v"], kw["decay"], kw["beta"], ckpt, d_o, d_S, "tanh", K, group,
+                            slots)
+        out[group] = (o, S_T, ckpt, *grads)
+    names = ("o", "S_T", "ckpt", "dq", "dk", "dv", "d_decay", "d_beta", "dh0")
+    for name, a, b in zip(names, out[op.RING], out[op.WARP]):
+        if b is not None:
+            assert torch.equal(a, b), (name, (a.float() - b.float()).abs().max().item())
+
+
+@pytest.mark.parametrize("group", (op.WARP, op.RING))
+def test_warp_kernels_fall_back_on_unaligned_tensors(group):
     """k 8 bytes off a 16-byte boundary: the warp kernels read k in 16-byte vectors, so without
     the fall-back to the tiled kernels this input faults."""
     kw = {k: None if t is None else t.detach().float() for k, t in _inputs(20, 2, 3, 32, 32).items()}
     flat = kw["k"].flatten()
     k_off = torch.cat([flat[:2], flat])[2:].view_as(kw["k"])
     assert k_off.data_ptr() % 16 and torch.equal(k_off, kw["k"])
-    rest = (kw["v"], kw["decay"], kw["beta"], kw["h0"], "tanh", 16, op.WARP)
+    rest = (kw["v"], kw["decay"], kw["beta"], kw["h0"], "tanh", 16, group)
     o, S_T, _ = op.forward(kw["q"], k_off, *rest)
     o_ref, S_ref, _ = op.forward(kw["q"], kw["k"], *rest)
     torch.testing.assert_close(o, o_ref, rtol=1e-6, atol=1e-6)

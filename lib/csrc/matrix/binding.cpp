@@ -44,7 +44,8 @@ Call check_call(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   if (K < 1) value_error("the checkpoint interval K must be at least 1, got " + num(K));
   if (!elman::matrix_group_ok(int(group), int(n), int(vd)))
     value_error("group must be 0 (the fastest layout that runs), " + num(elman::kMatrixWarp) +
-                " (one warp a head; square n = v <= 32), " + num(elman::kMatrixTiled) +
+                " (one warp a head; square n = v <= 32), " + num(elman::kMatrixRing) +
+                " (one warp a head fed by a cp.async input ring; square n = v <= 32), " + num(elman::kMatrixTiled) +
                 " (tiled; n, v <= 64) or " + num(elman::kMatrixGroup) + " (threads per value column); got " +
                 num(group) + " at n=" + num(n) + ", v=" + num(vd));
   if (T * B * H * std::max(n, vd) >= (int64_t(1) << 31))

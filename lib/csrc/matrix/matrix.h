@@ -45,18 +45,23 @@ struct MatrixArgs {
 // and the staged chunk within shared memory) and the column-group kernels (4 threads a value
 // column, n / 4 rows each; every supported size). `group` picks: 0 the first that runs of warp,
 // tiled, column groups; 1 (kMatrixWarp) the warp kernels where they run, else as 0; 2
-// (kMatrixTiled) the tiled kernels where they fit, else the column groups; 4 the column groups.
+// (kMatrixTiled) the tiled kernels where they fit, else the column groups; 3 (kMatrixRing) the
+// warp kernels fed by a cp.async ring of input rows several steps ahead (same arithmetic, same
+// results) where they run, else as 1; 4 the column groups.
 // The tests and the benchmark compare them. All write and read the same checkpoints, so the
 // forward and the backward choose independently.
 constexpr int kMatrixThreads = 512;
 constexpr int kMatrixGroup = 4;
 constexpr int kMatrixWarp = 1;
 constexpr int kMatrixTiled = 2;
+constexpr int kMatrixRing = 3;
 // Threads per value column of the gated kernels (gated.cu): 8 up to v = 64, else 4.
 constexpr int matrix_group(int v) { return v <= 64 ? 8 : 4; }
-// Whether `group` is a layout the op takes at (n, v) (1 needs the warp kernels' sizes, 2 n, v <= 64).
+// Whether `group` is a layout the op takes at (n, v) (1 and 3 need the warp kernels' sizes, 2 n,
+// v <= 64).
 bool matrix_group_ok(int group, int n, int v);
-// The layout that runs this call (forward or backward): kMatrixWarp, kMatrixTiled or kMatrixGroup.
+// The layout that runs this call (forward or backward): kMatrixWarp, kMatrixRing, kMatrixTiled or
+// kMatrixGroup.
 int matrix_layout(const MatrixArgs& a, bool backward);
 // The tiled backward's slots.
 int matrix_slots(const MatrixArgs& a);

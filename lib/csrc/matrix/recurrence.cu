@@ -139,7 +139,8 @@ cudaError_t by_dtype(const MatrixArgs& a, bool backward) {
 cudaError_t run(const MatrixArgs& a, bool backward) {
   if (!matrix_supported(a.n, a.v, nullptr) || !matrix_group_ok(a.group, a.n, a.v) || a.K < 1 || a.T < 1)
     return cudaErrorInvalidValue;
-  if (matrix_layout(a, backward) == kMatrixWarp) return matrix_warp_run(a, backward);
+  const int layout = matrix_layout(a, backward);
+  if (layout == kMatrixWarp || layout == kMatrixRing) return matrix_warp_run(a, backward);
   return with_step(a.step, [&](auto step) { return by_dtype<decltype(step)>(a, backward); });
 }
 
@@ -171,13 +172,14 @@ bool matrix_supported(int n, int v, const char** why) {
 
 bool matrix_group_ok(int group, int n, int v) {
   if (group == 0 || group == kMatrixGroup) return true;
-  if (group == kMatrixWarp) return matrix_warp_fits(n, v);
+  if (group == kMatrixWarp || group == kMatrixRing) return matrix_warp_fits(n, v);
   if (group == kMatrixTiled) return n <= 64 && v <= 64;
   return false;
 }
 
 int matrix_layout(const MatrixArgs& a, bool backward) {
   if ((a.group == 0 || a.group == kMatrixWarp) && matrix_warp_runs(a, backward)) return kMatrixWarp;
+  if (a.group == kMatrixRing && matrix_warp_runs(a, backward)) return kMatrixRing;
   if (a.group != kMatrixGroup && a.n <= 64 && a.v <= 64 &&
       (backward ? backward_bytes(a, 1) : forward_bytes(a)) <= kSharedLimit)
     return kMatrixTiled;

@@ -1,7 +1,8 @@
 // Launchers of the warp kernels (warp.cuh): one warp a (batch, head) for square states n = v in
-// {8, 16, 24, 32}, lane tile A = 4 row groups of n / 4 rows and n / 8 columns; dispatch on n, the
-// compute dtype and the step functor. A translation unit of its own so that it compiles beside
-// recurrence.cu.
+// {8, 16, 24, 32}, lane tile A = 4 row groups of n / 4 rows and n / 8 columns; dispatch on the
+// input path (a.group == kMatrixRing: the cp.async ring, else one step ahead in registers), n,
+// the compute dtype and the step functor. A translation unit of its own so that it compiles
+// beside recurrence.cu.
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -32,9 +33,10 @@ Device device() {
 
 // The backward's slots: a.slots where set (within the opt-in limit), else the most that keep
 // every warp of the grid resident at once (B H warps over the SMs, as far as registers allow):
-// a second wave would cost a whole extra pass, fewer slots only a partial recompute.
+// a second wave would cost a whole extra pass, fewer slots only a partial recompute. `fixed`:
+// the bytes before the slots (the input ring).
 template <typename Kernel>
-int slots_of(Kernel kernel, const MatrixArgs& a, int slot_bytes) {
+int slots_of(Kernel kernel, const MatrixArgs& a, int slot_bytes, int fixed) {
   const Device d = device();
   const int most = a.K < a.T ? a.K : a.T;
   int s;
@@ -47,26 +49,28 @@ int slots_of(Kernel kernel, const MatrixArgs& a, int slot_bytes) {
     int64_t per_sm = (ctas + d.sms - 1) / (d.sms > 0 ? d.sms : 1);
     if (by_regs > 0 && per_sm > by_regs) per_sm = by_regs;
     if (per_sm < 1) per_sm = 1;
-    const int64_t budget = int64_t(d.smem_sm) / per_sm - d.reserved;
+    const int64_t budget = int64_t(d.smem_sm) / per_sm - d.reserved - fixed;
     s = int(budget / slot_bytes);
     if (s > most) s = most;
   }
-  while (s > 1 && int64_t(s) * slot_bytes > d.optin) --s;
+  while (s > 1 && int64_t(s) * slot_bytes + fixed > d.optin) --s;
   return s < 1 ? 1 : s;
 }
 
-template <int A, int NR, int NC, typename T, class Step>
+template <int A, int NR, int NC, typename T, class Step, bool kRing>
 cudaError_t launch(const MatrixArgs& args, bool backward) {
   const unsigned grid = unsigned(args.B) * unsigned(args.H);
+  constexpr int N = A * NR, V = (32 / A) * NC;
+  constexpr int ring = kRing ? matrix::warp::ring_bytes<N, V, int(sizeof(T))>() : 0;
   if (!backward) {
-    matrix::warp::forward_kernel<A, NR, NC, T, Step><<<grid, 32, 0, args.stream>>>(args);
+    matrix::warp::forward_kernel<A, NR, NC, T, Step, kRing><<<grid, 32, ring, args.stream>>>(args);
     return cudaGetLastError();
   }
-  auto kernel = matrix::warp::backward_kernel<A, NR, NC, T, Step>;
+  auto kernel = matrix::warp::backward_kernel<A, NR, NC, T, Step, kRing>;
   constexpr int bytes = matrix::warp::slot_bytes<A, NR, NC>();
   MatrixArgs a = args;
-  a.slots = slots_of(kernel, args, bytes);
-  const int smem = a.slots * bytes;
+  a.slots = slots_of(kernel, args, bytes, ring);
+  const int smem = ring + a.slots * bytes;
   if (smem > 48 * 1024) {
     const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return e;
@@ -80,20 +84,20 @@ cudaError_t launch(const MatrixArgs& args, bool backward) {
   return cudaGetLastError();
 }
 
-template <typename T, class Step>
+template <typename T, class Step, bool kRing>
 cudaError_t by_size(const MatrixArgs& a, bool backward) {
   switch (a.n) {
-    case 8: return launch<4, 2, 1, T, Step>(a, backward);
-    case 16: return launch<4, 4, 2, T, Step>(a, backward);
-    case 24: return launch<4, 6, 3, T, Step>(a, backward);
-    case 32: return launch<4, 8, 4, T, Step>(a, backward);
+    case 8: return launch<4, 2, 1, T, Step, kRing>(a, backward);
+    case 16: return launch<4, 4, 2, T, Step, kRing>(a, backward);
+    case 24: return launch<4, 6, 3, T, Step, kRing>(a, backward);
+    case 32: return launch<4, 8, 4, T, Step, kRing>(a, backward);
     default: return cudaErrorInvalidValue;
   }
 }
 
-template <class Step>
+template <class Step, bool kRing>
 cudaError_t by_dtype(const MatrixArgs& a, bool backward) {
-  return a.bf16 ? by_size<__nv_bfloat16, Step>(a, backward) : by_size<float, Step>(a, backward);
+  return a.bf16 ? by_size<__nv_bfloat16, Step, kRing>(a, backward) : by_size<float, Step, kRing>(a, backward);
 }
 
 }  // namespace
@@ -113,7 +117,10 @@ bool matrix_warp_runs(const MatrixArgs& a, bool backward) {
 }
 
 cudaError_t matrix_warp_run(const MatrixArgs& a, bool backward) {
-  return with_step(a.step, [&](auto step) { return by_dtype<decltype(step)>(a, backward); });
+  return with_step(a.step, [&](auto step) {
+    return a.group == kMatrixRing ? by_dtype<decltype(step), true>(a, backward)
+                                  : by_dtype<decltype(step), false>(a, backward);
+  });
 }
 
 }  // namespace elman

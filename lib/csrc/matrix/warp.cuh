@@ -8,7 +8,14 @@
 // column groups (each round halves what a lane holds: NR - NR / 32 * A shuffles), where NR
 // divides by the groups, else butterflies; the scalar d decay a warp butterfly.
 //
-// Inputs are read from global memory one step ahead into registers (no staging, no barrier).
+// Inputs reach a lane one of two ways (kRing, a template parameter; the same arithmetic either
+// way, so both give the same bits): read from global memory one step ahead into registers, or
+// copied by cp.async kRingStages - 1 steps ahead into a ring of whole input rows in this warp's
+// shared memory (the lanes split each step's rows into 16-byte copies; a __syncwarp after each
+// lane's cp.async.wait_group makes the rows visible to every lane, no CTA barrier). One step
+// ahead leaves most of the global round trip exposed: ptxas moves the prefetched registers into
+// place about a third of the way into the step after the loads (SASS of the n = 32 forward), so
+// the loads have a third of a step, not a whole one, to return.
 // Forward: checkpoint c = the state before step c K. Backward: chunks in reverse; per sub-chunk
 // of `slots` steps from the chunk's end, the states S_{t-1} and delta_t of the sub-chunk are
 // recomputed from the checkpoint into this warp's shared memory, then walked back with S_t and
@@ -66,6 +73,33 @@ struct Vec {
 #pragma unroll
       for (int i = 0; i < N; ++i) {
         const uint32_t h = __ldg(reinterpret_cast<const unsigned short*>(p) + i);
+        w[i / 2] |= (i % 2) ? h << 16 : h;
+      }
+    }
+  }
+  // The same words from shared memory (p 16-byte aligned where kChunk is 16, and so on).
+  __device__ __forceinline__ void read(const T* p) {
+    if constexpr (kChunk == 16) {
+#pragma unroll
+      for (int i = 0; i < kBytes / 16; ++i) {
+        const uint4 x = reinterpret_cast<const uint4*>(p)[i];
+        w[4 * i] = x.x, w[4 * i + 1] = x.y, w[4 * i + 2] = x.z, w[4 * i + 3] = x.w;
+      }
+    } else if constexpr (kChunk == 8) {
+#pragma unroll
+      for (int i = 0; i < kBytes / 8; ++i) {
+        const uint2 x = reinterpret_cast<const uint2*>(p)[i];
+        w[2 * i] = x.x, w[2 * i + 1] = x.y;
+      }
+    } else if constexpr (kChunk == 4) {
+#pragma unroll
+      for (int i = 0; i < kWords; ++i) w[i] = reinterpret_cast<const unsigned int*>(p)[i];
+    } else {
+#pragma unroll
+      for (int i = 0; i < kWords; ++i) w[i] = 0u;
+#pragma unroll
+      for (int i = 0; i < N; ++i) {
+        const uint32_t h = reinterpret_cast<const unsigned short*>(p)[i];
         w[i / 2] |= (i % 2) ? h << 16 : h;
       }
     }
@@ -146,11 +180,127 @@ __device__ __forceinline__ void load_state(const float* p, int V, float (&s)[NR]
     for (int c = 0; c < NC; ++c) s[m][c] = x[c];
   }
 }
+// The same as load_state, a 4-byte load an element: where the ring backward reloads its
+// checkpoint, ptxas moved the 16-byte loads' registers into place through local memory.
+template <int NR, int NC>
+__device__ __forceinline__ void load_state_words(const float* p, int V, float (&s)[NR][NC]) {
+#pragma unroll
+  for (int m = 0; m < NR; ++m) {
+#pragma unroll
+    for (int c = 0; c < NC; ++c) s[m][c] = __ldcg(p + m * V + c);
+  }
+}
 template <int NR, int NC>
 __device__ __forceinline__ void store_state(float* p, int V, const float (&s)[NR][NC]) {
 #pragma unroll
   for (int m = 0; m < NR; ++m) store_vec<float, NC>(p + m * V, s[m]);
 }
+
+// ---- the input ring ------------------------------------------------------------------------
+// Byte offsets of one ring stage: k, q [n] and x [v] (v, or d_o in the backward's walk) in the
+// compute dtype, then decay [v] (a column decay; a scalar one takes its first word) and beta [1]
+// in float32, each 16-byte aligned (n and v times the dtype's size are multiples of 16 at every
+// warp size). Compile-time offsets: runtime ones cost registers the backward does not have.
+template <int N, int V, int TS>
+struct Stage {
+  static constexpr int k = 0, q = N * TS, x = 2 * N * TS, dec = x + V * TS, beta = dec + 4 * V,
+                       bytes = beta + 16;
+};
+// Stages of the ring (a power of two): kRingStages - 1 steps in flight ahead of the one in use,
+// several global round trips at the measured step times.
+constexpr int kRingStages = 8;
+template <int N, int V, int TS>
+constexpr int ring_bytes() {
+  return kRingStages * Stage<N, V, TS>::bytes;
+}
+
+__device__ __forceinline__ void copy16(void* dst, const void* src) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(src) : "memory");
+}
+__device__ __forceinline__ void copy4(void* dst, const void* src) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(src) : "memory");
+}
+
+// A warp's ring of input rows in shared memory. Entry i (the i-th step the kernel reads, in the
+// order it reads them) lives in stage i mod kRingStages; every lane commits one cp.async group
+// per entry (empty past the last), so `wait` before entry i leaves the kRingStages - 2 younger
+// entries in flight. Protocol per entry i: wait(); read stage i; fetch entry i + kRingStages - 1
+// into the stage entry i - 1 used (the __syncwarp in `wait` ordered every lane's reads of it).
+template <typename T, int N, int V>
+struct Ring {
+  using St = Stage<N, V, int(sizeof(T))>;
+  unsigned char* base;
+  int lane;
+
+  __device__ __forceinline__ unsigned char* stage(int i) const {
+    return base + (i & (kRingStages - 1)) * St::bytes;
+  }
+  // Starts copying row `row`'s k, q (with_q), x (from x_src), decay and beta into stage i and
+  // commits the group: lane u copies the u-th 16-byte piece of k | q | x | column decay (at most
+  // 8 + 8 + 8 + 8 pieces), lanes 0 and 1 the scalar decay and beta.
+  __device__ __forceinline__ void fetch(int i, const MatrixArgs& a, int64_t row, bool with_q,
+                                        const void* x_src) const {
+    constexpr int ts = int(sizeof(T)), ck = N * ts / 16, cx = V * ts / 16, cd = V * 4 / 16;
+    static_assert(3 * ck + cd <= 32 && cx <= ck, "one piece a lane");
+    const int cq = with_q ? ck : 0, total = ck + cq + cx + (a.column ? cd : 0);
+    unsigned char* dst = stage(i);
+    if (lane < total) {
+      const int u = lane, e1 = ck + cq, e2 = e1 + cx;
+      // piece u of the part that holds it: (source row, its first piece, its stage offset)
+      const unsigned char* src = u < ck   ? static_cast<const unsigned char*>(a.k) + row * N * ts
+                                 : u < e1 ? static_cast<const unsigned char*>(a.q) + row * N * ts
+                                 : u < e2 ? static_cast<const unsigned char*>(x_src) + row * V * ts
+                                          : reinterpret_cast<const unsigned char*>(a.decay + row * V);
+      const int first = u < ck ? 0 : u < e1 ? ck : u < e2 ? e1 : e2;
+      const int off = u < ck ? St::k : u < e1 ? St::q : u < e2 ? St::x : St::dec;
+      copy16(dst + off + 16 * (u - first), src + 16 * (u - first));
+    }
+    if (lane == 0 && !a.column) copy4(dst + St::dec, a.decay + row);
+    if (lane == 1 && a.beta) copy4(dst + St::beta, a.beta + row);
+    commit();
+  }
+  __device__ __forceinline__ static void commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+  __device__ __forceinline__ static void wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kRingStages - 2) : "memory");
+    __syncwarp();
+  }
+  // Before the ring's space is taken for anything else (the backward's slots follow it, so only
+  // at the kernel's end): nothing in flight.
+  __device__ __forceinline__ static void drain() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+};
+
+// The backward's order of input rows (what its ring fetches ahead): per chunk, the last first,
+// and per sub-chunk [s0, s1) of `slots` steps from the chunk's end, the recompute steps
+// start .. s1 - 1, then the walk s1 - 1 .. s0.
+struct BackwardOrder {
+  int ch, s1, t;  // the chunk, the end of its sub-chunk and the step of the current entry
+  bool back;      // the walk (else the recompute)
+
+  __device__ __forceinline__ int s0(const MatrixArgs& a) const { return max(ch * a.K, s1 - a.slots); }
+  __device__ __forceinline__ void begin(const MatrixArgs& a) {
+    ch = (a.T + a.K - 1) / a.K;
+    next_chunk(a);
+  }
+  __device__ __forceinline__ void next_chunk(const MatrixArgs& a) {
+    --ch;
+    s1 = min(a.T, (ch + 1) * a.K), t = ch * a.K, back = false;
+  }
+  __device__ __forceinline__ bool done() const { return ch < 0; }
+  __device__ __forceinline__ void advance(const MatrixArgs& a) {
+    if (!back) {
+      if (t + 1 < s1) ++t;
+      else back = true;  // the walk starts at t = s1 - 1
+    } else if (t > s0(a)) {
+      --t;
+    } else if (s0(a) > ch * a.K) {
+      s1 = s0(a), t = ch * a.K, back = false;
+    } else {
+      next_chunk(a);
+    }
+  }
+};
 
 // One step's inputs as a lane uses them, loaded one step ahead.
 template <typename T, int NR, int NC, bool kQ, bool kV, bool kDo>
@@ -178,6 +328,25 @@ struct Inputs {
       for (int c = 0; c < NC; ++c) dec[c] = d;
     }
     beta = a.beta ? __ldg(a.beta + row) : 1.f;
+  }
+  // The same from a ring stage p (Ring::fetch wrote it).
+  template <class St>
+  __device__ __forceinline__ void read(const unsigned char* p, St st, const MatrixArgs& a, int i0, int j0) {
+    k.read(reinterpret_cast<const T*>(p + st.k) + i0);
+    if constexpr (kQ) q.read(reinterpret_cast<const T*>(p + st.q) + i0);
+    if constexpr (kV || kDo) x.read(reinterpret_cast<const T*>(p + st.x) + j0);
+    const float* dp = reinterpret_cast<const float*>(p + st.dec);
+    if (a.column) {
+      Vec<float, NC> d;
+      d.read(dp + j0);
+#pragma unroll
+      for (int c = 0; c < NC; ++c) dec[c] = d[c];
+    } else {
+      const float d = *dp;
+#pragma unroll
+      for (int c = 0; c < NC; ++c) dec[c] = d;
+    }
+    beta = a.beta ? *reinterpret_cast<const float*>(p + st.beta) : 1.f;
   }
 };
 
@@ -226,22 +395,47 @@ __device__ __forceinline__ void store_row_sums(T* p, float (&x)[NR], int lane) {
   }
 }
 
-template <int A, int NR, int NC, typename T, class Step>
+// The ring's shared memory at the start of the dynamic shared memory (then the backward's slots).
+template <typename T, int N, int V>
+__device__ __forceinline__ Ring<T, N, V> ring_of(const MatrixArgs& a, unsigned char* smem) {
+  return {smem, int(threadIdx.x)};
+}
+
+template <int A, int NR, int NC, typename T, class Step, bool kRing>
 __global__ void __launch_bounds__(32) forward_kernel(const MatrixArgs a) {
   using L = Tile<A, NR, NC>;
   constexpr int N = L::N, V = L::V;
+  extern __shared__ float4 smem4[];
   const int lane = threadIdx.x, ra = lane % A, cb = lane / A, i0 = ra * NR, j0 = cb * NC;
   const int64_t BH = int64_t(a.B) * a.H, bh = blockIdx.x, NV = int64_t(N) * V;
   T* o = static_cast<T*>(a.o);
+  const Ring<T, N, V> ring = ring_of<T, N, V>(a, reinterpret_cast<unsigned char*>(smem4));
 
   float s[NR][NC];
   load_state<NR, NC>(a.h0 + bh * NV + i0 * V + j0, V, s);
   Inputs<T, NR, NC, true, true, false> in, next;
-  next.load(a, bh, N, V, i0, j0);
+  if constexpr (kRing) {
+    // entry i = step i
+#pragma unroll 1
+    for (int i = 0; i < kRingStages - 1; ++i) {
+      if (i < a.T) ring.fetch(i, a, int64_t(i) * BH + bh, true, a.v_in);
+      else ring.commit();
+    }
+  } else {
+    next.load(a, bh, N, V, i0, j0);
+  }
   for (int t = 0; t < a.T; ++t) {
     const int64_t row = int64_t(t) * BH + bh;
-    in = next;
-    if (t + 1 < a.T) next.load(a, row + BH, N, V, i0, j0);
+    if constexpr (kRing) {
+      ring.wait();
+      in.read(ring.stage(t), typename Ring<T, N, V>::St{}, a, i0, j0);
+      const int ahead = t + kRingStages - 1;
+      if (ahead < a.T) ring.fetch(ahead, a, int64_t(ahead) * BH + bh, true, a.v_in);
+      else ring.commit();
+    } else {
+      in = next;
+      if (t + 1 < a.T) next.load(a, row + BH, N, V, i0, j0);
+    }
     if (t % a.K == 0) store_state<NR, NC>(a.ckpt + (int64_t(t / a.K) * BH + bh) * NV + i0 * V + j0, V, s);
     float w[NC], out[NC];
     delta_of<A>(s, in, w);
@@ -267,19 +461,45 @@ constexpr int slot_bytes() {
   return Tile<A, NR, NC>::kSlot * int(sizeof(float));
 }
 
-template <int A, int NR, int NC, typename T, class Step>
+template <int A, int NR, int NC, typename T, class Step, bool kRing>
 __global__ void __launch_bounds__(32, 11) backward_kernel(const MatrixArgs a) {
   using L = Tile<A, NR, NC>;
   constexpr int N = L::N, V = L::V, E = L::E;
   constexpr bool kVec4 = E % 4 == 0, kDel4 = NC % 4 == 0;
   // The walk loads its inputs one step ahead, except fp32 at 32 elements a lane, whose prefetched
   // rows of q and k would not fit beside S_t, S_{t-1} and dS in the register budget.
-  constexpr bool kAhead = sizeof(T) == 2 || E < 32;
+  // With the ring no input waits in registers.
+  constexpr bool kAhead = !kRing && (sizeof(T) == 2 || E < 32);
   extern __shared__ float4 smem4[];
-  float* const slots_base = reinterpret_cast<float*>(smem4);
+  const Ring<T, N, V> ring = ring_of<T, N, V>(a, reinterpret_cast<unsigned char*>(smem4));
+  float* const slots_base =
+      reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(smem4) + (kRing ? ring_bytes<N, V, int(sizeof(T))>() : 0));
   const int lane = threadIdx.x, ra = lane % A, cb = lane / A, i0 = ra * NR, j0 = cb * NC;
   const int64_t BH = int64_t(a.B) * a.H, bh = blockIdx.x, NV = int64_t(N) * V;
   const int slots = a.slots;
+  // The ring's producer walks BackwardOrder kRingStages - 1 entries ahead of the loops below,
+  // which read entry `taken` next.
+  BackwardOrder ahead;
+  int taken = 0;
+  auto fetch_next = [&](int i) {
+    if (ahead.done()) {
+      ring.commit();
+      return;
+    }
+    ring.fetch(i, a, int64_t(ahead.t) * BH + bh, ahead.back, ahead.back ? a.d_o : a.v_in);
+    ahead.advance(a);
+  };
+  if constexpr (kRing) {
+    ahead.begin(a);
+#pragma unroll 1
+    for (int i = 0; i < kRingStages - 1; ++i) fetch_next(i);
+  }
+  auto take = [&](auto& in) {
+    ring.wait();
+    in.read(ring.stage(taken), typename Ring<T, N, V>::St{}, a, i0, j0);
+    fetch_next(taken + kRingStages - 1);
+    ++taken;
+  };
   T* dq = static_cast<T*>(a.dq);
   T* dk = static_cast<T*>(a.dk);
   T* dv = static_cast<T*>(a.dv);
@@ -342,13 +562,18 @@ __global__ void __launch_bounds__(32, 11) backward_kernel(const MatrixArgs a) {
     for (int s1 = end, s0; s1 > start; s1 = s0) {
       s0 = max(start, s1 - slots);
       // Recompute: s = S_{t-1} for t = start .. s1 - 1 (kept with delta_t from s0), ending as S_{s1-1}.
-      load_state<NR, NC>(ck, V, s);
+      if constexpr (kRing) load_state_words<NR, NC>(ck, V, s);
+      else load_state<NR, NC>(ck, V, s);
       {
         Inputs<T, NR, NC, false, true, false> in, next;
-        next.load(a, int64_t(start) * BH + bh, N, V, i0, j0);
+        if constexpr (!kRing) next.load(a, int64_t(start) * BH + bh, N, V, i0, j0);
         for (int t = start; t < s1; ++t) {
-          in = next;
-          if (t + 1 < s1) next.load(a, int64_t(t + 1) * BH + bh, N, V, i0, j0);
+          if constexpr (kRing) {
+            take(in);
+          } else {
+            in = next;
+            if (t + 1 < s1) next.load(a, int64_t(t + 1) * BH + bh, N, V, i0, j0);
+          }
           float del[NC], w[NC];
           delta_of<A>(s, in, del);
 #pragma unroll
@@ -369,7 +594,9 @@ __global__ void __launch_bounds__(32, 11) backward_kernel(const MatrixArgs a) {
       if constexpr (kAhead) next.load(a, int64_t(s1 - 1) * BH + bh, N, V, i0, j0);
       for (int t = s1 - 1; t >= s0; --t) {
         const int64_t row = int64_t(t) * BH + bh;
-        if constexpr (kAhead) {
+        if constexpr (kRing) {
+          take(in);
+        } else if constexpr (kAhead) {
           in = next;
           if (t > s0) next.load(a, row - BH, N, V, i0, j0);
         } else {

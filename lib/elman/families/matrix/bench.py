@@ -33,8 +33,9 @@ def last_impl() -> str:
 
 
 def impl_name(group: int, n: int, v: int, slots: int = 0) -> str:
-    """'cuda:matrix:warp', 'cuda:matrix:tiled' (each with ':slots<s>' where the backward's slots
-    were set) or 'cuda:matrix:G4' (four threads a value column), the default resolved."""
+    """'cuda:matrix:warp', 'cuda:matrix:ring', 'cuda:matrix:tiled' (each with ':slots<s>' where the
+    backward's slots were set) or 'cuda:matrix:G4' (four threads a value column), the default
+    resolved."""
     name = op.layout_name(n, v, group)
     return f"cuda:matrix:{name}" + (f":slots{slots}" if slots and name != "G4" else "")
 
@@ -42,10 +43,13 @@ def impl_name(group: int, n: int, v: int, slots: int = 0) -> str:
 def layouts(n: int, v: int, K: int) -> list[tuple[int, int]]:
     """(group, slots) of every layout timed at (n, v): the default, the default with K slots
     (one recompute a chunk) where it keeps its states on chip, the tiled kernels where the warp
-    kernels are the default, and the column groups."""
+    kernels are the default (and the warp kernels fed by their cp.async ring), and the column
+    groups."""
     out = [(0, 0)]
     if op.layout_name(n, v) != "G4":
         out.append((0, K))
+    if op.warp(n, v):
+        out.append((op.RING, 0))
     if op.warp(n, v) and op.TILED in op.layouts(n, v):
         out.append((op.TILED, 0))
     return out + [(op.COLUMNS, 0)]

@@ -15,7 +15,10 @@ registers, no CTA barrier; the backward recomputes up to `slots` states of a chu
 shared memory (as many as keep the whole grid resident) and walks them back with S_t and dS in
 registers. The tiled kernels (n, v <= 64) give a head several warps that own whole state columns,
 stage each chunk's inputs in shared memory one chunk ahead and sum columns through shared memory
-once a step. The column-group kernels (every size) give a value column 4 threads of n / 4 rows
+once a step. RING (group 3) runs the warp kernels with their inputs copied by cp.async seven
+steps ahead into a ring of rows in the warp's shared memory (the same arithmetic, so the same
+results as WARP; the backward's ring follows its recompute-then-walk order). The column-group
+kernels (every size) give a value column 4 threads of n / 4 rows
 and replay each chunk into a global scratch. All store the state every K steps and read the same
 checkpoints (`schedule.py` is the schedule in PyTorch, sub-chunks of `slots` included). With
 bf16 tensors the tanh step runs the hardware's tanh.approx (relative error 2^-11, far inside the
@@ -36,7 +39,7 @@ SIZES = (8, 16, 24, 32, 48, 64, 96, 128)          # n and v the kernels take (ev
 DTYPES = (torch.float32, torch.bfloat16)
 STATE_DTYPES = (torch.float32, torch.bfloat16, torch.float64)
 GROUPS = (0, 4)  # 0: the fastest layout that runs; 4: threads a value column (every size)
-WARP, TILED, COLUMNS = 1, 2, 4                   # the explicit layouts (matrix.h)
+WARP, TILED, RING, COLUMNS = 1, 2, 3, 4          # the explicit layouts (matrix.h)
 WARP_SIZES = (8, 16, 24, 32)                      # square n = v the warp kernels take
 TILED_MAX = 64
 
@@ -48,16 +51,16 @@ def groups(v: int) -> tuple[int, ...]:
 
 
 def layouts(n: int, v: int) -> tuple[int, ...]:
-    """Every `group` the op takes at (n, v): 0, WARP where the warp kernels fit, TILED where the
-    tiled ones do, COLUMNS."""
-    return ((0,) + ((WARP,) if warp(n, v) else ()) + ((TILED,) if n <= TILED_MAX and v <= TILED_MAX else ())
+    """Every `group` the op takes at (n, v): 0, WARP and RING where the warp kernels fit, TILED
+    where the tiled ones do, COLUMNS."""
+    return ((0,) + ((WARP, RING) if warp(n, v) else ()) + ((TILED,) if n <= TILED_MAX and v <= TILED_MAX else ())
             + (COLUMNS,))
 
 
 def warp(n: int, v: int, group: int = 0) -> bool:
     """Whether group `group` runs the warp kernels at (n, v) (16-byte aligned tensors, as the op
     allocates and `validate.aligned` makes them)."""
-    return group in (0, WARP) and n == v and n in WARP_SIZES
+    return group in (0, WARP, RING) and n == v and n in WARP_SIZES
 
 
 def tiled(n: int, v: int, group: int = 0) -> bool:
@@ -66,8 +69,11 @@ def tiled(n: int, v: int, group: int = 0) -> bool:
 
 
 def layout_name(n: int, v: int, group: int = 0) -> str:
-    """'warp', 'tiled' or 'G4': the layout group `group` runs at (n, v)."""
-    return "warp" if warp(n, v, group) else "tiled" if tiled(n, v, group) else "G4"
+    """'warp', 'ring' (the warp kernels fed by the cp.async ring), 'tiled' or 'G4': the layout
+    group `group` runs at (n, v)."""
+    if warp(n, v, group):
+        return "ring" if group == RING else "warp"
+    return "tiled" if tiled(n, v, group) else "G4"
 
 
 def supported(n: int, v: int) -> bool:
@@ -97,7 +103,8 @@ def validate_call(q, k, v, decay, beta, h0, step: str, K: int, group: int = 0) -
                          "use backend='reference' for other sizes")
     if group not in layouts(n, vd):
         raise ValueError(f"group must be one of {layouts(n, vd)} at n={n}, v={vd} (0: the fastest layout "
-                         f"that runs, {WARP}: one warp a head, square n = v in {WARP_SIZES}, {TILED}: tiled, "
+                         f"that runs, {WARP}: one warp a head, square n = v in {WARP_SIZES}, {RING}: the same fed by a "
+                         f"cp.async input ring, {TILED}: tiled, "
                          f"n, v <= {TILED_MAX}, {COLUMNS}: threads a value column), got {group!r}")
     validate.size_limit("T * B * H * v", T * B * H * vd)
     validate.dtypes({"q": q, "k": k, "v": v}, DTYPES)

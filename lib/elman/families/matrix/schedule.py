@@ -85,6 +85,21 @@ def backward(q, k, v, decay, beta, ckpt, d_o, d_ST, step: str = "tanh", K: int =
     return dq, dk, dv, dd, db, dS
 
 
+def backward_order(T: int, K: int, slots: int = 0) -> list[tuple[int, str]]:
+    """The steps whose inputs `backward` reads, in its order: per chunk (the last first) and per
+    sub-chunk [s0, s1) (the last first), ("recompute", t) for t = start .. s1 - 1, then ("walk", t)
+    for t = s1 - 1 .. s0. The warp kernels' input ring (warp.cuh, BackwardOrder) fetches these
+    rows ahead in this order."""
+    slots = K if slots <= 0 else min(slots, K)
+    out = []
+    for c in reversed(range(checkpoints(T, K))):
+        start, end = c * K, min(T, (c + 1) * K)
+        for s1 in range(end, start, -slots):
+            s0 = max(start, s1 - slots)
+            out += [("recompute", t) for t in range(start, s1)] + [("walk", t) for t in reversed(range(s0, s1))]
+    return out
+
+
 def _walk_back(states, start, end, q, k, v, decay, beta, d_o, dS, step, column, dq, dk, dv, dd, db):
     """Backpropagate steps end-1 .. start (states[s] = S_{start-1+s}); returns dS before start."""
     for t in reversed(range(start, end)):
