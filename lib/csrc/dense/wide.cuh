@@ -9,7 +9,9 @@
 // kRegFrags stay in registers (kRegFragsOf: 17-19, 68-76 registers a thread); the rest live in
 // shared memory in fragment order (lane l's four registers are 16 consecutive bytes: one
 // conflict-free 16-byte load each) and are read every step. The 16 partial sums of a row (one
-// per slice) are added in the epilogue, in a fixed order.
+// per slice) are added in the epilogue, in a fixed order; a thread reduces all its elements
+// before the epilogue of any and stores its state slice last, so that no element's partial-sum
+// loads are issued behind another element's stores (threads 0-127 finish two elements).
 //
 // Budget at D = 1280 (per CTA): W_h slice 80 x 1280 bf16 = 200 KB: 136-152 KB in registers,
 // 48-64 KB (6-8 fragments of 512 bytes a warp) in shared memory; state double buffer
@@ -339,23 +341,27 @@ __global__ void __launch_bounds__(kThreads, 1) wide_forward(ArgsOf<Epi> p) {
     __syncthreads();  // partial sums complete
     mark<kTrace>(p, t, 3);
     __nv_bfloat16* slot = cta.slot(p, t);
+    float wh[C::kPerThread];  // W h of every element first
+#pragma unroll
+    for (int k = 0; k < C::kPerThread; ++k) wh[k] = cta.reduce(C::out_n(k), C::out_r(k));
     __nv_bfloat16 hb[C::kPerThread], ob[C::kPerThread], vb[kPrev ? C::kPerThread : 1];
 #pragma unroll
     for (int k = 0; k < C::kPerThread; ++k) {
-      const int n = C::out_n(k), r = C::out_r(k);
       float h;
       if constexpr (kPrev) {
-        const float v = Epi::act(cta.reduce(n, r) + pre_v[k]);
+        const float v = Epi::act(wh[k] + pre_v[k]);
         h = Epi::blend(v, h_prev[k], pre[k]);
         h_prev[k] = h;
         vb[k] = __float2bfloat16_rn(v);
       } else {
-        h = Epi::act(cta.reduce(n, r) + pre_v[k]);
+        h = Epi::act(wh[k] + pre_v[k]);
       }
       hb[k] = __float2bfloat16_rn(h);
-      if (C::live(k)) slot[n * C::kSrcRow + r] = hb[k];
       ob[k] = __float2bfloat16_rn(Epi::output(h, pre[k]));
     }
+#pragma unroll
+    for (int k = 0; k < C::kPerThread; ++k)
+      if (C::live(k)) slot[C::out_n(k) * C::kSrcRow + C::out_r(k)] = hb[k];
     mark<kTrace>(p, t, 4);
     jitter(t, 4);
     C::wait_inputs();
@@ -425,12 +431,17 @@ __global__ void __launch_bounds__(kThreads, 1) wide_backward(ArgsOf<Epi> p) {
     }
     __syncthreads();  // partial sums complete
     __nv_bfloat16* slot = cta.slot(p, u);
+    float wv[C::kPerThread];  // W^T dv of every element first
+#pragma unroll
+    for (int k = 0; k < C::kPerThread; ++k) {
+      const size_t off = size_t(cta.n0 + C::out_n(k)) * kDim + cta.row0 + C::out_r(k);
+      wv[k] = u > 0 ? cta.reduce(C::out_n(k), C::out_r(k))
+                    : (cta.owns(p, k) ? to_float(p.d_hT[off]) : 0.f);
+    }
     __nv_bfloat16 dvb[C::kPerThread];
 #pragma unroll
     for (int k = 0; k < C::kPerThread; ++k) {
-      const int n = C::out_n(k), r = C::out_r(k);
-      const size_t off = size_t(cta.n0 + n) * kDim + cta.row0 + r;
-      const float acc = u > 0 ? cta.reduce(n, r) : (cta.owns(p, k) ? to_float(p.d_hT[off]) : 0.f);
+      const float acc = wv[k];
       if constexpr (kPrev) {
         const float dh = acc + pre_c[k] + carry[k];
         dvb[k] = __float2bfloat16_rn(dh * pre_f[k]);
@@ -440,8 +451,10 @@ __global__ void __launch_bounds__(kThreads, 1) wide_backward(ArgsOf<Epi> p) {
       } else {
         dvb[k] = __float2bfloat16_rn((acc + pre_c[k]) * pre_f[k]);
       }
-      if (C::live(k)) slot[n * C::kSrcRow + r] = dvb[k];
     }
+#pragma unroll
+    for (int k = 0; k < C::kPerThread; ++k)
+      if (C::live(k)) slot[C::out_n(k) * C::kSrcRow + C::out_r(k)] = dvb[k];
     jitter(u, 4);
     C::wait_inputs();
     cta.publish(p, u);
