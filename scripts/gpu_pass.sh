@@ -5,10 +5,10 @@
 # archive under $OUT.
 #
 #   scripts/gpu_pass.sh [STAGE ...]      stages, run in the order named: setup build dev warm test parity bitwise gdn
-#                                        diagonal headline widths baselines bench sanitize
+#                                        diagonal headline widths lmprofile baselines bench sanitize
 #                                        chapters train leaderboard pack (default: all but dev,
-#                                        bitwise, diagonal, headline, widths, baselines, train
-#                                        and leaderboard)
+#                                        bitwise, diagonal, headline, widths, lmprofile, baselines,
+#                                        train and leaderboard)
 #   scripts/gpu_pass.sh setup build warm baselines pack     the baselines' run (issue 4) alone
 #
 # warm compiles, in parallel, the Triton kernels (mamba2, fla-gdn) of the stages that follow
@@ -19,7 +19,7 @@
 # the sources' blob ids either way), ELMAN_RUN_DIR (default: a new
 # runs/<UTC>_<commit>_<gpu>/), RUN_NOTE (what the run is for, into run.json), QUICK=1 (small
 # benchmarks), TRAIN_JOBS (job file for train), TEST_FILES (GPU test paths; default tests),
-# BENCH_ARGS (extra `elman bench` flags), WARM_ARGS (extra `elman warm` flags, e.g. -j 8),
+# BENCH_ARGS (extra `elman bench` flags), WARM_ARGS (extra `elman warm` flags, e.g. -j 8), PROFILE_ARGS (lmprofile),
 # CHAPTERS (names: only those chapters), BUILD (extensions to build first), PARITY_FAMILIES, DEV_CHECKS (the dev stage's programs, dev/*_gpu_check.*:
 # each runs with a DEV_LIMIT (default 420) s limit and logs into the run folder), STAGE_LIMIT / LIMIT_<stage>
 # (seconds a stage may run before it is stopped and the pass goes on). scripts/gpu_session.sh runs a
@@ -183,6 +183,9 @@ widths_stage() {
   python3 -m elman bench --levels E1 --B ${WIDTHS_B:-4 16 64} --D $(seq -s ' ' 256 128 2048) --T 512 \
     --no-layers ${QUICK:+--quick}
 }
+# Issue 20's training-step profile: E0, E1, E42 at d1280 x 6 (B 64) and E1 at the 100M shape,
+# each as the trainer steps, without host reads and replayed from a CUDA graph (records 'lm_profile').
+lmprofile_stage() { python3 -m elman.training.profile --preset issue20 --record ${PROFILE_ARGS:-}; }
 baselines_stage() {  # fla-gdn verified, then every baseline's parity, then their layers beside E1
   local ok=0
   python3 scripts/verify_gdn.py || ok=1
@@ -215,7 +218,8 @@ pack() {
 # The stages run in the order they are named.
 declare -A FN=([setup]=setup [build]=build [dev]=dev_stage [warm]=warm_stage [test]=gpu_tests
   [parity]=parity_stage [bitwise]=bitwise_stage [gdn]=gdn_stage [diagonal]=diagonal_stage
-  [headline]=headline_stage [widths]=widths_stage [baselines]=baselines_stage [bench]=bench_stage
+  [headline]=headline_stage [widths]=widths_stage [lmprofile]=lmprofile_stage
+  [baselines]=baselines_stage [bench]=bench_stage
   [sanitize]=sanitize [chapters]=chapters [train]=train_stage [leaderboard]=leaderboard [pack]=pack)
 export -f "${FN[@]}" log has bench_times_baselines
 export LOG ROOT OUT STAGES BASELINES

@@ -8,11 +8,11 @@ parameters this way (issue: peak training memory no more than 1.5x the baseline'
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ..core import records
 from . import train
 from .lm import n_params
+from .step import TrainStep
 
 
 def setup(level: str, dim: int, depth: int, expansion: float = 1.0, batch: int = 16, seq: int = 512,
@@ -31,28 +31,14 @@ def setup(level: str, dim: int, depth: int, expansion: float = 1.0, batch: int =
 
 
 def train_step(model, opt, data: torch.Tensor, clip: float, marks: list | None = None) -> torch.Tensor:
-    """One step as the trainer takes it: forward under bf16 autocast, fp32 cross-entropy,
-    backward, clipping, optimizer step. With `marks`, a recorded CUDA event is appended before
-    the forward and after each phase (forward, backward, clip, optimizer). Returns the loss."""
-    def mark():
-        if marks is not None:
-            e = torch.cuda.Event(enable_timing=True)
-            e.record()
-            marks.append(e)
-
-    mark()
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        logits = model(data[:, :-1])
-    loss = F.cross_entropy(logits.float().flatten(0, 1), data[:, 1:].flatten())
-    mark()
-    loss.backward()
-    mark()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-    mark()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    mark()
-    return loss.detach()
+    """One eager step as the trainer takes it (`step.TrainStep`): forward under bf16 autocast,
+    fp32 cross-entropy, backward, clipping, optimizer step. With `marks`, a recorded CUDA event
+    is appended before the forward and after each phase (forward, backward, clip, optimizer).
+    Returns the loss (a device tensor: nothing here waits for the GPU)."""
+    step = TrainStep(model, opt, clip)
+    loss, _ = step(data, marks)
+    step.update(marks)
+    return loss
 
 
 def step_params(measure: str, model, cfg: dict, options: dict | None) -> dict:

@@ -1,13 +1,28 @@
 """Where a training step's time goes: one LadderLM training step as the trainer runs it (its own
-model and optimizer, bf16 autocast, clipping, schedule-free AdamW) split two ways.
+model and optimizer, bf16 autocast, clipping, schedule-free AdamW; `step.TrainStep`) split
+two ways, in one of three modes.
 
-- By phase, with CUDA events: forward, backward, gradient clipping, optimizer step.
-- By kernel, with torch.profiler: the GPU time of every kernel, grouped into categories by
-  name (the recurrence's own kernels, GEMMs, normalisation, elementwise and reductions,
-  copies and casts, the rest), and the largest kernels by name.
+- By phase, with CUDA events over `steps` back-to-back steps (one host wait at the end):
+  forward, backward, gradient clipping, optimizer step; tokens/s over the whole run.
+- By kernel, with torch.profiler over one step: the GPU time of every kernel, grouped into
+  categories by name (the recurrence's own kernels, the spectral norm's matrix-vector
+  products, GEMMs, normalisation, copies and casts, elementwise work and reductions, the
+  rest), the largest kernels by name, and the step time no kernel covers (`idle_ms`: launch
+  gaps and host waits).
+- The spectral normalisation's forward alone (`spectral_forward_ms`: every layer's
+  parametrised W_h under autocast, as the forward computes it, its buffers put back).
 
-One record of kind 'bench', measure 'lm_profile'. `python -m elman.training.profile --level E1
---dim 1280 --depth 6 --batch 64` prints the breakdown (issue 20: E1 d1280 x 6 at B 64, T 512).
+Modes: `trainer` reads the loss and gradient norm on the host after clipping, as `elman
+train` does every step to stop before the optimizer step of a non-finite step (one host wait
+a step); `lean` reads nothing; `graph` replays forward, backward and clipping from a CUDA
+graph (`TrainStep(graph=True)`), the optimizer outside it. `trainer` is the step as the
+trainer took it before any of this; the other two say what the host wait and the launches
+cost.
+
+One record of kind 'bench', measure 'lm_profile' per configuration and mode (params.mode).
+`python -m elman.training.profile --level E1 --dim 1280 --depth 6 --batch 64` prints the
+breakdown; `--preset issue20` runs issue 20's four configurations (E0, E1, E42 at d1280 x 6,
+B 64, T 512; E1 at d640, expansion 2, depth 20, B 32) in every mode.
 """
 from __future__ import annotations
 
@@ -18,15 +33,24 @@ import sys
 import torch
 
 from ..core import records
+from ..core.spectral import RecurrentWeight
 from . import memory, train
+from .step import TrainStep
+
+MODES = ("trainer", "lean", "graph")
+# (level, dim, depth, expansion, batch): issue 20's configurations, T = 512.
+PRESETS = {"issue20": (("E0", 1280, 6, 1.0, 64), ("E1", 1280, 6, 1.0, 64), ("E42", 1280, 6, 1.0, 64),
+                       ("E1", 640, 20, 2.0, 32))}
 
 # First match wins; names are CUDA kernel names as the profiler reports them. Every kernel this
-# project compiles is in namespace elman::; cuBLAS runs its nvjet kernels on Hopper.
+# project compiles is in namespace elman::; cuBLAS runs its nvjet kernels on Hopper; the only
+# matrix-vector products of a step are the spectral norm's power iterations.
 CATEGORIES = (
     ("recurrence", re.compile(r"\belman::|persistent|grid_step|scan_(forward|backward)|recurrence|tiled|"
                               r"warp_(forward|backward)|gated_|matrix_|dense_step|lowrank|tape", re.I)),
+    ("spectral norm (gemv, dot)", re.compile(r"gemv|dot_kernel", re.I)),
     ("gemm", re.compile(r"gemm|nvjet|cutlass|xmma|wgmma|sm90_|cublas|ampere_|Kernel2", re.I)),
-    ("norm", re.compile(r"norm|rms", re.I)),
+    ("norm", re.compile(r"rms|layer_norm", re.I)),  # the add + RMSNorm (Triton or PyTorch)
     ("copy and cast", re.compile(r"copy|cast|convert|memcpy|memset|fill|to_copy", re.I)),
     ("elementwise and reductions", re.compile(r"elementwise|vectorized|reduce|unrolled|foreach|"
                                               r"softmax|cross_entropy|nll|tanh|sigmoid|silu|mul|add", re.I)),
@@ -40,26 +64,70 @@ def category(kernel: str) -> str:
     return "other"
 
 
+def _phases(marks: list, mode: str) -> dict[str, float]:
+    """Phase times (ms) of one step from its marks (TrainStep's: eager start, forward,
+    backward, clip, optimizer; graph start, replay, optimizer)."""
+    names = ("forward+backward+clip", "optimizer") if mode == "graph" else \
+        ("forward", "backward", "clip", "optimizer")
+    out = {n: a.elapsed_time(b) for n, a, b in zip(names, marks, marks[1:])}
+    out["step"] = marks[0].elapsed_time(marks[-1])
+    return out
+
+
+def _run(step: TrainStep, data: torch.Tensor, mode: str, marks: list | None = None):
+    loss, gnorm = step(data, marks)
+    if mode == "trainer":  # the trainer's per-step host read
+        torch.stack([loss.float(), gnorm.float()]).tolist()
+    step.update(marks)
+    return loss
+
+
+def spectral_forward_ms(model: torch.nn.Module, reps: int = 20) -> float:
+    """The spectral normalisation's forward per training step (ms): every spectrally
+    normalised recurrent weight evaluated once under bf16 autocast with gradient, as the
+    forward does; the power-iteration vectors are put back afterwards. 0 when there are none."""
+    weights = [m for m in model.modules() if isinstance(m, RecurrentWeight) and m.mode == "spectral_norm"]
+    if not weights:
+        return 0.0
+    saved = [w.u.clone() for w in weights]
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        for w in weights:
+            w()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            for w in weights:
+                w()
+        end.record()
+    end.synchronize()
+    with torch.no_grad():
+        for w, u in zip(weights, saved):
+            w.u.copy_(u)
+    return start.elapsed_time(end) / reps
+
+
 def lm_profile_record(level: str, dim: int, depth: int, expansion: float = 1.0, batch: int = 64,
-                      seq: int = 512, options: dict | None = None, steps: int = 5, top: int = 15) -> dict:
-    """Warm up two steps, time `steps` steps by phase, then profile one step by kernel."""
+                      seq: int = 512, options: dict | None = None, steps: int = 10, top: int = 15,
+                      mode: str = "trainer") -> dict:
+    """Warm up two steps, time `steps` back-to-back steps by phase, then profile one step by
+    kernel, in `mode` (MODES)."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if not torch.cuda.is_available():
         raise RuntimeError("lm_profile_record profiles GPU kernels: it needs a CUDA device")
     model, opt, data, cfg = memory.setup(level, dim, depth, expansion, batch, seq, options)
-    clip = cfg["grad_clip"]
+    step = TrainStep(model, opt, cfg["grad_clip"], graph=mode == "graph")
     for _ in range(2):
-        memory.train_step(model, opt, data, clip)
-    phases = {"forward": [], "backward": [], "clip": [], "optimizer": [], "step": []}
-    for _ in range(steps):
-        marks: list = []
-        memory.train_step(model, opt, data, clip, marks)
-        marks[-1].synchronize()
-        for name, a, b in zip(("forward", "backward", "clip", "optimizer"), marks, marks[1:]):
-            phases[name].append(a.elapsed_time(b))
-        phases["step"].append(marks[0].elapsed_time(marks[-1]))
-    median = {k: sorted(v)[len(v) // 2] for k, v in phases.items()}
+        _run(step, data, mode)
+    runs = [[] for _ in range(steps)]
+    for marks in runs:
+        _run(step, data, mode, marks)
+    runs[-1][-1].synchronize()
+    phases = [_phases(m, mode) for m in runs]
+    median = {k: sorted(p[k] for p in phases)[len(phases) // 2] for k in phases[0]}
+    total_ms = runs[0][0].elapsed_time(runs[-1][-1])
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        memory.train_step(model, opt, data, clip)
+        _run(step, data, mode)
         torch.cuda.synchronize()
     kernels: dict[str, float] = {}
     for evt in prof.key_averages():
@@ -72,24 +140,66 @@ def lm_profile_record(level: str, dim: int, depth: int, expansion: float = 1.0, 
     for name, ms in kernels.items():
         by_category[category(name)] = by_category.get(category(name), 0.0) + ms
     largest = sorted(kernels.items(), key=lambda kv: -kv[1])[:top]
-    return records.make("bench", model.level, f"lm:{model.backend}",
-                        memory.step_params("lm_profile", model, cfg, options),
-                        {"phase_ms": median, "tokens_per_s": batch * seq / (median["step"] / 1000),
-                         "kernel_ms_by_category": by_category, "kernel_ms_total": sum(kernels.values()),
-                         "largest_kernels_ms": largest})
+    kernel_total = sum(kernels.values())
+    params = memory.step_params("lm_profile", model, cfg, options)
+    params.update(mode=mode, steps=steps)
+    rec = records.make("bench", model.level, f"lm:{model.backend}", params,
+                       {"phase_ms": median, "tokens_per_s": batch * seq * steps / (total_ms / 1000),
+                        "tokens_per_s_median_step": batch * seq / (median["step"] / 1000),
+                        "kernel_ms_by_category": by_category, "kernel_ms_total": kernel_total,
+                        "idle_ms": max(median["step"] - kernel_total, 0.0),
+                        "spectral_forward_ms": spectral_forward_ms(model),
+                        "largest_kernels_ms": largest,
+                        "peak_mem_mb": torch.cuda.max_memory_allocated() / 2 ** 20})
+    del step, model, opt
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    return rec
 
 
 def summary(rec: dict) -> str:
     m, p = rec["metrics"], rec["params"]
-    lines = [f"{rec['variant']} d{p['dim']} x {p['depth']} e {p['expansion']}, B {p['B']}, T {p['T']}: "
+    mode = f", mode {p['mode']}" if "mode" in p else ""
+    lines = [f"{rec['variant']} d{p['dim']} x {p['depth']} e {p['expansion']}, B {p['B']}, T {p['T']}{mode}: "
              f"{m['phase_ms']['step']:.1f} ms a step, {m['tokens_per_s']:,.0f} tokens/s",
-             "phases (ms): " + ", ".join(f"{k} {v:.2f}" for k, v in m["phase_ms"].items() if k != "step"),
-             f"GPU kernel time by category (ms, of {m['kernel_ms_total']:.2f}):"]
+             "phases (ms): " + ", ".join(f"{k} {v:.2f}" for k, v in m["phase_ms"].items() if k != "step")]
+    if "idle_ms" in m:
+        lines.append(f"GPU idle in a step {m['idle_ms']:.2f} ms; spectral norm forward "
+                     f"{m['spectral_forward_ms']:.2f} ms a step")
+    lines.append(f"GPU kernel time by category (ms, of {m['kernel_ms_total']:.2f}):")
     for name, ms in sorted(m["kernel_ms_by_category"].items(), key=lambda kv: -kv[1]):
         lines.append(f"  {name:28s} {ms:8.2f}  {100 * ms / max(m['kernel_ms_total'], 1e-9):5.1f} %")
     lines.append("largest kernels (ms):")
     lines += [f"  {ms:8.2f}  {name[:110]}" for name, ms in m["largest_kernels_ms"]]
     return "\n".join(lines)
+
+
+def comparison(recs: list[dict]) -> str:
+    """A table with one row per record (configuration and mode): tokens/s, step and phase
+    times, idle time and the kernel time of each category."""
+    cats = [name for name, _ in CATEGORIES] + ["other"]
+    head = ["level", "d x L (e)", "B", "mode", "tokens/s", "step ms", "fwd", "bwd", "clip", "opt",
+            "idle", "SN fwd", *cats]
+    rows = []
+    for r in recs:
+        m, p, ph = r["metrics"], r["params"], r["metrics"]["phase_ms"]
+        fused = ph.get("forward+backward+clip")  # graph mode: one replay
+        split = ([f"{ph[k]:.2f}" for k in ("forward", "backward", "clip")] if fused is None
+                 else [f"{fused:.2f} (all)", "", ""])
+        rows.append([r["variant"], f"{p['dim']} x {p['depth']} ({p['expansion']:g})", str(p["B"]),
+                     p.get("mode", "-"), f"{m['tokens_per_s']:,.0f}", f"{ph['step']:.2f}", *split,
+                     f"{ph['optimizer']:.2f}", f"{m.get('idle_ms', 0.0):.2f}",
+                     f"{m.get('spectral_forward_ms', 0.0):.2f}",
+                     *(f"{m['kernel_ms_by_category'].get(c, 0.0):.2f}" for c in cats)])
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
+    fmt = "  ".join(f"{{:{w}}}" for w in widths)
+    return "\n".join([fmt.format(*head), *(fmt.format(*row) for row in rows)])
+
+
+def configs(args: argparse.Namespace) -> list[tuple]:
+    if args.preset:
+        return list(PRESETS[args.preset])
+    return [(args.level, args.dim, args.depth, args.expansion, args.batch)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,15 +210,37 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--expansion", type=float, default=1.0)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--seq", type=int, default=512)
+    p.add_argument("--preset", choices=sorted(PRESETS), help="run a preset's configurations instead")
+    p.add_argument("--mode", nargs="+", choices=MODES, default=list(MODES),
+                   help="step modes to run (default all: trainer lean graph)")
+    p.add_argument("--steps", type=int, default=10, help="timed steps per configuration and mode")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--record", action="store_true", help="also write the record into the run folder")
+    p.add_argument("--brief", action="store_true", help="print only the comparison table")
+    p.add_argument("--record", action="store_true", help="also write the records into the run folder")
     args = p.parse_args(argv)
-    rec = lm_profile_record(args.level, args.dim, args.depth, args.expansion, args.batch, args.seq,
-                            train.parse_options(args.option))
-    print(summary(rec))
-    if args.record:
-        records.write([rec])
-    return 0
+    options = train.parse_options(args.option)
+    recs, failed = [], []
+    for level, dim, depth, expansion, batch in configs(args):
+        for mode in args.mode:
+            try:
+                rec = lm_profile_record(level, dim, depth, expansion, batch, args.seq, options,
+                                        steps=args.steps, mode=mode)
+            except Exception as exc:  # one configuration's failure (e.g. a capture) must not end the rest
+                failed.append(f"{level} d{dim} x {depth} e {expansion:g} B {batch} {mode}: "
+                              f"{type(exc).__name__}: {exc}")
+                print(f"FAILED {failed[-1]}", flush=True)
+                torch.cuda.empty_cache()
+                continue
+            recs.append(rec)
+            if not args.brief:
+                print(summary(rec), "\n", flush=True)
+            if args.record:
+                records.write([rec])
+    if recs:
+        print(comparison(recs))
+    for line in failed:
+        print(f"FAILED {line}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -69,6 +69,7 @@ from ..core import records
 from .data import DEFAULT_DATA, Batches, ByteData, DataError
 from .lm import LadderLM, n_params
 from .paths import PathProbe, summary as path_summary
+from .step import TrainStep
 
 FORMAT = "elman-train-1"
 WARMUP_EXCLUDED_STEPS = 100  # tokens/s median ignores intervals ending before this step
@@ -77,7 +78,8 @@ EXIT_NONFINITE, EXIT_SIGINT, EXIT_SIGTERM = 3, 130, 143
 
 DEFAULTS: dict[str, Any] = {
     "level": "E1", "dim": 256, "depth": 4, "expansion": 1.0, "option": [], "backend": None,
-    "norm": "auto", "grad_checkpoint": False, "data": str(DEFAULT_DATA), "batch": 32, "seq": 512,
+    "norm": "auto", "grad_checkpoint": False, "graph": False, "data": str(DEFAULT_DATA),
+    "batch": 32, "seq": 512,
     "lr": 3e-4, "warmup": 1000, "betas": [0.9, 0.95], "weight_decay": 0.01, "grad_clip": 1.0,
     "seed": 42, "steps": None, "minutes": None, "precision": None, "device": None,
     "log_every": 10, "val_every": 500, "val_windows": 2048, "save_every": 1000,
@@ -85,7 +87,7 @@ DEFAULTS: dict[str, Any] = {
 }
 # What --resume lets you change; everything else comes from the checkpoint.
 RESUMABLE = ("steps", "minutes", "log_every", "val_every", "save_every", "runs_dir",
-             "checkpoint_dir", "device", "resume", "data")
+             "checkpoint_dir", "device", "resume", "data", "graph")
 
 
 class TrainError(RuntimeError):
@@ -104,6 +106,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a("--backend", choices=("cuda", "reference"), help="layer backend (default: cuda on GPU)")
     a("--norm", choices=("auto", "fused", "torch"), help="add+RMSNorm implementation (default auto)")
     a("--grad-checkpoint", action="store_true", default=None, help="gradient checkpointing per layer")
+    a("--graph", action="store_true", default=None,
+      help="replay forward, backward and clipping from a CUDA graph (one GPU; the optimizer "
+           "runs outside it; elman.training.step)")
     a("--data", help=f"raw byte file, .txt or packed .xz (default {DEFAULT_DATA.relative_to(records.ROOT)})")
     a("--batch", type=int, help=f"windows per step per rank (default {d['batch']})")
     a("--seq", type=int, help=f"T, bytes predicted per window (default {d['seq']})")
@@ -434,6 +439,9 @@ def _run(cfg: dict, signals: _Signals) -> dict:
     vals: list = list(ckpt["vals"]) if ckpt else []
     count = n_params(model)
     ddp = model
+    if cfg.get("graph") and (world > 1 or device.type != "cuda"):
+        raise TrainError("--graph captures the step in a CUDA graph: it needs one CUDA device "
+                         f"(world size {world}, device {device})")
     if world > 1:
         ids = [device.index] if device.type == "cuda" else None
         ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
@@ -480,6 +488,8 @@ def _run(cfg: dict, signals: _Signals) -> dict:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     batches = Batches(data, cfg["batch"], cfg["seq"], cfg["seed"], rank, step, device)
+    train_step = TrainStep(model, opt, cfg["grad_clip"], torch.bfloat16 if precision == "bf16" else None,
+                           graph=bool(cfg.get("graph")), forward=ddp)
     probe = PathProbe(model)
     kernel_paths = None
     bar = tqdm(total=None if budget_steps == math.inf else budget_steps, initial=step, disable=not lead,
@@ -493,17 +503,16 @@ def _run(cfg: dict, signals: _Signals) -> dict:
         if step >= budget_steps or elapsed >= budget_s:
             stop = "budget"
         for k, batch in (batches if stop is None else ()):
-            with amp():
-                logits = ddp(batch[:, :-1])
-            loss = F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
-            loss.backward()
-            gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"])
-            flags = torch.stack([loss.detach().float(), gnorm.float(),
-                                 torch.tensor(float(signals.received is not None), device=device),
-                                 torch.tensor(float(lead and elapsed >= budget_s), device=device)])
+            loss, gnorm = train_step(batch)
+            # The step's one host read: the loss and the norm decide before the optimizer step.
+            sig, late = signals.received is not None, lead and elapsed >= budget_s
             if world > 1:
+                flags = torch.stack([loss.float(), gnorm.float(), loss.new_tensor(float(sig)),
+                                     loss.new_tensor(float(late))])
                 dist.all_reduce(flags)
-            loss_v, gnorm_v, sig, late = flags.tolist()
+                loss_v, gnorm_v, sig, late = flags.tolist()
+            else:
+                loss_v, gnorm_v = torch.stack([loss.float(), gnorm.float()]).tolist()
             loss_v /= world
             if not (math.isfinite(loss_v) and math.isfinite(gnorm_v)):
                 last = f"{ckpt_path} (step {_ckpt_step(ckpt_path)})" if ckpt_path.exists() else "none written yet"
@@ -512,8 +521,7 @@ def _run(cfg: dict, signals: _Signals) -> dict:
                        f"step. Last good checkpoint: {last}.")
                 log("stop", step=step, reason="nonfinite", loss=loss_v, grad_norm=gnorm_v, message=msg)
                 raise NonFinite(msg)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            train_step.update()
             if kernel_paths is None:
                 kernel_paths = probe.result()
                 probe.close()
