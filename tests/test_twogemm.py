@@ -469,3 +469,28 @@ def test_tape_op_persistent_wiring(monkeypatch, T, K):
         assert (a - b).abs().max() < 1e-10
     for name, a, b in zip(x, grads, ref_grads):
         assert rel_error(a, b) < 1e-5, name
+
+
+@pytest.mark.parametrize("design", ["deferred", "inline"])
+@pytest.mark.parametrize("T", [0, 1, 2, 3, 4, 5, 9, 33])
+def test_lowrank_forward_step_order(design, T):
+    """Both forward designs of the low-rank persistent kernel (persistent.cu) read each step's
+    staged inputs only once every thread's copies are visible, refill a ring slot only after
+    its last read, and store each step's outputs once, after its state (kLead = 3)."""
+    from elman.families.twogemm import schedule
+    schedule.check_lowrank_forward_events(schedule.lowrank_forward_events(T, 3, design), T, 3)
+
+
+def test_lowrank_forward_step_order_check_catches_races():
+    """The check fails on orders with a race: the deferred design waiting one step too little,
+    and an output stored before its state."""
+    from elman.families.twogemm import schedule
+    T, lead = 6, 3
+    ev = schedule.lowrank_forward_events(T, lead, "deferred")
+    late = [("wait", lead) if e == ("wait", lead - 1) else e for e in ev]
+    with pytest.raises(AssertionError, match="visible"):
+        schedule.check_lowrank_forward_events(late, T, lead)
+    early = [e for e in ev if e != ("store", 2)]
+    early.insert(early.index(("state", 2)), ("store", 2))
+    with pytest.raises(AssertionError, match="before its state"):
+        schedule.check_lowrank_forward_events(early, T, lead)

@@ -17,6 +17,18 @@
 //      applies the stage (stage.cuh) to its accumulators: each lane owns 4 (row, column)
 //      elements for the whole sequence, h_{t-1} of them in registers; h_t goes to shared
 //      memory (bf16) and, after a second block barrier, into the next step's A.
+// That is the inline forward (design 1). The deferred forward (design 0, the default) runs the
+// same arithmetic in another order, so that only what the next step needs stays between the
+// exchange and the closing barrier:
+//   after X, while the partials travel: the outputs of step t - 1 (out, aux, h_t-1 to global
+//      memory, from registers), the input copies of step t + kLead, and the part of the stage
+//      that reads only step t's inputs (the gate: silu(c) or sigmoid(c), and a);
+//   R: all C sources' tiles are loaded before they are summed (in rank order, as inline);
+//   B: the product and the new state only (one transcendental per element; the mode is a
+//      template parameter, so the four elements of a lane interleave);
+// step t + 1's inputs are waited for before the closing barrier, which makes them visible.
+// Both designs give the same bits. The traced forward (kTrace) records clock64 at the phase
+// boundaries of every step in CTA 0 (kTracePhases; for the inline design phase 2 equals 1).
 // The backward runs the same machine on (U^T, V^T): the stage's gradient gives d_pre on
 // I_c, A/X/R give dp = d_pre U (r wide), B gives g_{t-1}[I_c] = direct + (dp V)[I_c], kept in
 // fp32 registers.
@@ -58,6 +70,24 @@ static_assert(kBc == 8, "one n-tile of batch columns");
 constexpr int kLead = 3;
 constexpr int kStages = kLead + 1;
 constexpr int kMaxR16 = 16;  // rank up to 256
+constexpr int kMaxCluster = 16;
+
+// Phases of a traced forward step (clock64 of thread 0 of CTA 0 at each boundary): start (h_{t-1}
+// in shared memory), partials sent, shadow work done, partials arrived, p complete (block
+// barrier passed), h_t written. After the T steps: clock64 and %globaltimer (ns) at kernel start
+// and end, for the clock rate. In the untraced kernels the marks are no code.
+static_assert(kLowRankTracePhases == 6, "the phases below");
+template <bool kTrace>
+__device__ __forceinline__ void mark(const LowRankPersistent& a, int step, int phase) {
+  if (kTrace && blockIdx.x == 0 && threadIdx.x == 0) a.trace[step * kLowRankTracePhases + phase] = clock64();
+}
+template <bool kTrace>
+__device__ __forceinline__ void stamp(const LowRankPersistent& a, int slot) {
+  if (kTrace && blockIdx.x == 0 && threadIdx.x == 0) {
+    a.trace[a.steps * kLowRankTracePhases + 2 * slot] = clock64();
+    a.trace[a.steps * kLowRankTracePhases + 2 * slot + 1] = globaltimer();
+  }
+}
 
 // Shared memory of one CTA: mbarriers [2] | x [8][kX] (h_{t-1}, or d_pre) | p [8][kP] (the
 // summed r-wide vector) | staged inputs [kStages][kIn][8][kX] | receive [2][C][R16][32] uint2.
@@ -78,6 +108,10 @@ struct Layout {
   static int bytes(int cluster) { return kRecvOff + 2 * cluster * R16 * kTileBytes; }
   static_assert(kXOff % 16 == 0 && kPOff % 16 == 0 && kStageOff % 16 == 0 && kRecvOff % 16 == 0,
                 "16-byte aligned regions (cp.async destinations)");
+};
+
+struct Nothing {
+  __device__ void operator()() const {}
 };
 
 // The CTA's place and its shared memory.
@@ -188,10 +222,11 @@ struct Cta {
 
   // R: this warp's tiles summed over the sources in rank order, rounded to bf16 into p;
   // CTA 0 stores the live values to dst ([B][r] plane of this step).
-  template <int AM>
-  __device__ void reduce(int buf, int phase, int rank_r, bf16* dst) const {
+  template <int AM, class Arrived = Nothing>
+  __device__ void reduce(int buf, int phase, int rank_r, bf16* dst, Arrived arrived = {}) const {
     if (warp >= R16()) return;
     mbar_wait(&bar()[buf], uint32_t(phase));
+    arrived();
 #pragma unroll
     for (int j = 0; j < AM; ++j) {
       const int tile = warp + j * kWarps;
@@ -214,6 +249,39 @@ struct Cta {
     }
   }
 
+  // R as `reduce`, with every source's tile loaded before the sum (the same rank order).
+  template <int AM, class Arrived>
+  __device__ void reduce_loaded(int buf, int phase, int rank_r, bf16* dst, Arrived arrived) const {
+    if (warp >= R16()) return;
+    mbar_wait(&bar()[buf], uint32_t(phase));
+    arrived();
+#pragma unroll
+    for (int j = 0; j < AM; ++j) {
+      const int tile = warp + j * kWarps;
+      if (tile >= R16()) continue;
+      uint2 v[kMaxCluster];
+#pragma unroll
+      for (int src = 0; src < kMaxCluster; ++src)
+        if (src < C) v[src] = recv(buf, src, tile)[lane];
+      float s[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int src = 0; src < kMaxCluster; ++src) {
+        if (src >= C) break;
+        s[0] += lo_f(v[src].x);
+        s[1] += hi_f(v[src].x);
+        s[2] += lo_f(v[src].y);
+        s[3] += hi_f(v[src].y);
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int k = tile * 16 + g + 8 * (e >> 1), n = 2 * q + (e & 1);
+        const bf16 val = __float2bfloat16_rn(s[e]);
+        p()[n * L::kP + k] = val;
+        if (rank == 0 && n < nb && k < rank_r) dst[size_t(col0 + n) * rank_r + k] = val;
+      }
+    }
+  }
+
   // B: this warp's 16 rows of wb times p -> the lane's 4 elements (fp32).
   __device__ void multiply_p(const uint32_t (&wb)[L::RP / 16][4], float (&out)[4]) const {
     float acc[2][4] = {};
@@ -229,8 +297,8 @@ struct Cta {
   }
 };
 
-template <int KA, int R16>
-__global__ void __launch_bounds__(kThreads, 1) forward_kernel(LowRankPersistent a) {
+template <int KA, int R16, bool kTrace>
+__device__ __forceinline__ void forward_inline(const LowRankPersistent& a) {
   using L = Layout<KA, R16, false>;
   cg::cluster_group cluster = cg::this_cluster();
   extern __shared__ __align__(16) unsigned char smem[];
@@ -282,15 +350,21 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(LowRankPersistent 
   }
   __syncthreads();
   cluster.sync();  // mbarriers initialised and receive buffers zeroed in every CTA
+  stamp<kTrace>(a, 0);
 
   for (int t = 0; t < T; ++t) {
     const int buf = t & 1;
+    mark<kTrace>(a, t, 0);
     if (threadIdx.x == 0) mbar_expect(&cta.bar()[buf], cta.exchange_bytes());
     cta.stage_inputs(t + kLead, t + kLead >= T, B, D, inputs(t + kLead));
     cta.multiply_and_send(wa, buf);
-    cta.template reduce<L::kAM>(buf, (t >> 1) & 1, r, p_all + size_t(t) * B * r);
+    mark<kTrace>(a, t, 1);
+    mark<kTrace>(a, t, 2);
+    cta.template reduce<L::kAM>(buf, (t >> 1) & 1, r, p_all + size_t(t) * B * r,
+                                [&] { mark<kTrace>(a, t, 3); });
     Cta<L>::template wait_inputs<kLead>();  // step t's inputs landed (this thread's copies)
     __syncthreads();                        // p complete; every thread's copies visible
+    mark<kTrace>(a, t, 4);
     if (epi) {
       float qv[4];
       cta.multiply_p(wb[0], qv);
@@ -311,9 +385,141 @@ __global__ void __launch_bounds__(kThreads, 1) forward_kernel(LowRankPersistent 
         }
       }
     }
+    mark<kTrace>(a, t, 5);
     __syncthreads();  // h_t complete for the next step's A; staged slot t free
   }
+  stamp<kTrace>(a, 1);
   cluster.sync();  // no CTA leaves while an exchange into it may be in flight
+}
+
+// The deferred forward (header comment): the inline forward's arithmetic, with step t - 1's
+// outputs and step t's input-only stage terms in the shadow of step t's exchange.
+template <int KA, int R16, int kMode, bool kTrace>
+__device__ __forceinline__ void forward_deferred(const LowRankPersistent& a) {
+  using L = Layout<KA, R16, false>;
+  cg::cluster_group cluster = cg::this_cluster();
+  extern __shared__ __align__(16) unsigned char smem[];
+  const Cta<L> cta(smem, cluster, a.batch);
+  const int D = a.dim, B = a.batch, r = a.rank, T = a.steps;
+  const size_t BD = size_t(B) * D;
+  const bf16* u = static_cast<const bf16*>(a.u);
+  const bf16* v = static_cast<const bf16*>(a.v);
+  const bf16* av = static_cast<const bf16*>(a.a);
+  const bf16* cv = static_cast<const bf16*>(a.c);
+  const bf16* h0 = static_cast<const bf16*>(a.h0);
+  bf16* out = static_cast<bf16*>(a.out);
+  bf16* h_all = static_cast<bf16*>(a.h_all);
+  bf16* p_all = static_cast<bf16*>(a.p_all);
+  bf16* aux = static_cast<bf16*>(a.aux);
+  const bf16 zero = __float2bfloat16_rn(0.f);
+  cta.init();
+  auto inputs = [&](int t) {
+    return [=](int k) -> const bf16* { return (k == 0 ? av : cv) + size_t(t) * BD; };
+  };
+  for (int i = 0; i < kLead; ++i) cta.stage_inputs(i, i >= T, B, D, inputs(i));
+
+  // A: V[m][row0 + k]; B: U[row0 + m][k].
+  uint32_t wa[L::kAM][KA][4];
+  uint32_t wb[1][R16][4];
+  const int row0 = cta.row0;
+  load_frags(wa, cta.warp, kWarps, R16, [&](int m, int k) {
+    return m < r && row0 + k < D ? v[size_t(m) * D + row0 + k] : zero;
+  });
+  load_frags(wb, cta.warp, kWarps, KA, [&](int m, int k) {
+    return k < r && row0 + m < D ? u[size_t(row0 + m) * r + k] : zero;
+  });
+
+  for (int o = int(threadIdx.x); o < kBc * L::S; o += kThreads) {
+    const int n = o / L::S, i = o % L::S;
+    const bool live = n < cta.nb && row0 + i < D;
+    const size_t idx = size_t(cta.col0 + n) * D + row0 + i;
+    cta.x()[n * L::kX + i] = live ? h0[idx] : zero;
+    if (live) h_all[idx] = h0[idx];
+  }
+  const bool epi = cta.warp < KA;  // this warp owns 16 rows in B and the stage
+  float hreg[4], bias[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const bool live = epi && cta.live(e, D);
+    const size_t idx = size_t(cta.col0 + cta.elem_col(e)) * D + row0 + cta.elem_row(e);
+    hreg[e] = live ? __bfloat162float(h0[idx]) : 0.f;
+    bias[e] = live ? __bfloat162float(static_cast<const bf16*>(a.b)[row0 + cta.elem_row(e)]) : 0.f;
+  }
+  // Step t - 1's state (unrounded), aux and gate, whose outputs are stored during step t.
+  float hf[4] = {}, auxf[4] = {}, gate[4] = {};
+  auto store_outputs = [&](int t) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (!cta.live(e, D)) continue;
+      const size_t idx = size_t(t) * BD + size_t(cta.col0 + cta.elem_col(e)) * D + row0 + cta.elem_row(e);
+      h_all[idx + BD] = __float2bfloat16_rn(hreg[e]);
+      out[idx] = __float2bfloat16_rn(lowrank_output<kMode>(hf[e], gate[e]));
+      if (kMode != kTanhGate) aux[idx] = __float2bfloat16_rn(auxf[e]);
+    }
+  };
+  Cta<L>::template wait_inputs<kLead - 1>();  // step 0's inputs (this thread's copies)
+  __syncthreads();                            // x, and every thread's copies, visible
+  cluster.sync();  // mbarriers initialised and receive buffers zeroed in every CTA
+  stamp<kTrace>(a, 0);
+
+  for (int t = 0; t < T; ++t) {
+    const int buf = t & 1;
+    mark<kTrace>(a, t, 0);
+    if (threadIdx.x == 0) mbar_expect(&cta.bar()[buf], cta.exchange_bytes());
+    cta.multiply_and_send(wa, buf);
+    mark<kTrace>(a, t, 1);
+    // Into the slot of step t - 1, whose reads all preceded the last block barrier.
+    cta.stage_inputs(t + kLead, t + kLead >= T, B, D, inputs(t + kLead));
+    float ain[4], cin[4];
+    if (epi) {
+      if (t > 0) store_outputs(t - 1);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        ain[e] = cta.staged(t, 0, e);
+        cin[e] = cta.staged(t, 1, e);
+        gate[e] = lowrank_gate<kMode>(cin[e]);
+      }
+    }
+    mark<kTrace>(a, t, 2);
+    cta.template reduce_loaded<L::kAM>(buf, (t >> 1) & 1, r, p_all + size_t(t) * B * r,
+                                       [&] { mark<kTrace>(a, t, 3); });
+    __syncthreads();  // p complete
+    mark<kTrace>(a, t, 4);
+    if (epi) {
+      float qv[4];
+      cta.multiply_p(wb[0], qv);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int n = cta.elem_col(e), i = cta.elem_row(e);
+        const bool live = cta.live(e, D);
+        const float pre = ain[e] + qv[e] + bias[e];
+        const StageState st = lowrank_state<kMode>(pre, gate[e], cin[e], hreg[e]);
+        const bf16 hb = __float2bfloat16_rn(st.h);
+        hreg[e] = live ? __bfloat162float(hb) : 0.f;
+        cta.x()[n * L::kX + i] = live ? hb : zero;
+        hf[e] = st.h;
+        auxf[e] = st.aux;
+      }
+    }
+    mark<kTrace>(a, t, 5);
+    Cta<L>::template wait_inputs<kLead - 1>();  // step t + 1's inputs (this thread's copies)
+    __syncthreads();  // h_t complete for the next step's A; step t + 1's inputs visible
+  }
+  if (epi && T > 0) store_outputs(T - 1);
+  stamp<kTrace>(a, 1);
+  cluster.sync();  // no CTA leaves while an exchange into it may be in flight
+}
+
+// Design 0: deferred (one instantiation per mode), 1: inline.
+template <int KA, int R16, bool kDeferred, bool kTrace>
+__global__ void __launch_bounds__(kThreads, 1) forward_kernel(LowRankPersistent a) {
+  if constexpr (kDeferred) {
+    if (a.mode == kTanhGate) forward_deferred<KA, R16, kTanhGate, kTrace>(a);
+    else if (a.mode == kGatedTanh) forward_deferred<KA, R16, kGatedTanh, kTrace>(a);
+    else forward_deferred<KA, R16, kGatedAlpha, kTrace>(a);
+  } else {
+    forward_inline<KA, R16, kTrace>(a);
+  }
 }
 
 template <int KA, int R16>
@@ -434,9 +640,15 @@ int rank_tiles(int rank) {
   return 0;
 }
 
-Kernel pick(int ka, int r16, bool backward) {
-#define ELMAN_CASE(KA, R16) \
-  if (ka == KA && r16 == R16) return backward ? backward_kernel<KA, R16> : forward_kernel<KA, R16>;
+// The backward, or the forward of `design` (0 deferred, 1 inline), traced or not.
+Kernel pick(int ka, int r16, bool backward, int design = 0, bool traced = false) {
+#define ELMAN_CASE(KA, R16)                                                              \
+  if (ka == KA && r16 == R16) {                                                          \
+    if (backward) return backward_kernel<KA, R16>;                                       \
+    if (design == 0) return traced ? forward_kernel<KA, R16, true, true>                 \
+                                   : forward_kernel<KA, R16, true, false>;               \
+    return traced ? forward_kernel<KA, R16, false, true> : forward_kernel<KA, R16, false, false>; \
+  }
   ELMAN_CASE(4, 1) ELMAN_CASE(4, 2) ELMAN_CASE(4, 4) ELMAN_CASE(4, 8) ELMAN_CASE(4, 16)
   ELMAN_CASE(8, 1) ELMAN_CASE(8, 2) ELMAN_CASE(8, 4) ELMAN_CASE(8, 8) ELMAN_CASE(8, 16)
 #undef ELMAN_CASE
@@ -505,7 +717,11 @@ LowRankPlan lowrank_persistent_plan(int batch, int dim, int rank, bool bf16) {
 
 template <typename T>
 cudaError_t lowrank_persistent_forward(const LowRankPlan& plan, const LowRankPersistent& a) {
-  return launch_clusters(pick(plan.ka, plan.r16, false), plan, a);
+  if (a.design < 0 || a.design >= kLowRankForwardDesigns) return cudaErrorInvalidValue;
+  Kernel k = pick(plan.ka, plan.r16, false, a.design, a.trace != nullptr);
+  if (k == nullptr) return cudaErrorInvalidValue;
+  if (!cluster_fits(k, plan.cluster, plan.smem)) return cudaErrorInvalidConfiguration;
+  return launch_clusters(k, plan, a);
 }
 
 template <typename T>

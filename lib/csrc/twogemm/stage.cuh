@@ -35,6 +35,37 @@ __device__ __forceinline__ StageOut lowrank_stage(int mode, float pre, float c, 
   return {h, h * silu_f(h), aux};
 }
 
+// The same forward stage in three pieces, for a kernel that computes the new state first and
+// the outputs later (persistent.cu's deferred forward); the arithmetic is lowrank_stage's.
+// The gate: the part that reads only c (tanh_gate silu(c), gated_tanh sigmoid(c)).
+template <int kMode>
+__device__ __forceinline__ float lowrank_gate(float c) {
+  if (kMode == kTanhGate) return silu_f(c);
+  if (kMode == kGatedTanh) return sigmoid_f(c);
+  return 0.f;
+}
+struct StageState {
+  float h, aux;
+};
+// h = alpha hp + (1 - alpha) x with the one fused multiply-add nvcc forms in lowrank_stage.
+__device__ __forceinline__ float lowrank_mix(float alpha, float hp, float x) {
+  return __fmaf_rn(hp, alpha, __fmul_rn(1.f - alpha, x));
+}
+template <int kMode>
+__device__ __forceinline__ StageState lowrank_state(float pre, float gate, float c, float hp) {
+  if (kMode == kTanhGate) return {tanhf(pre), 0.f};
+  if (kMode == kGatedTanh) {
+    const float v = tanhf(pre);
+    return {lowrank_mix(gate, hp, v), v};
+  }
+  const float alpha = sigmoid_f(pre);
+  return {lowrank_mix(alpha, hp, c), alpha};
+}
+template <int kMode>
+__device__ __forceinline__ float lowrank_output(float h, float gate) {
+  return kMode == kTanhGate ? h * gate : h * silu_f(h);
+}
+
 struct StageGrad {
   float d_pre, d_c, direct;  // direct: the part of dL/dh_{t-1} that bypasses U V
 };

@@ -57,13 +57,26 @@ __device__ __forceinline__ float tape_update(float m, float beta, float u) {
   return round_bf16(__fmaf_rn(beta, u, __fmul_rn(1.f - beta, m)));
 }
 
-// softmax over the lanes n < N of v (other lanes 0). Every lane runs the shuffles of the max
-// and the sum: a full-mask shuffle under a lane-dependent branch is undefined.
-__device__ __forceinline__ float softmax_lanes(float v, int slots) {
+// softmax over the lanes n < N <= kWidth of v (other lanes 0), by butterflies within groups of
+// kWidth lanes. Every lane runs the shuffles of the max and the sum: a full-mask shuffle under a
+// lane-dependent branch is undefined. The lanes n < N get the bits of a whole-warp butterfly
+// (warp_max, warp_sum): its first steps (offsets kWidth and up) add exact zeros there.
+template <int kWidth>
+__device__ __forceinline__ float softmax_group(float v, int slots) {
   const int lane = int(threadIdx.x) & 31;
-  const float mx = warp_max(lane < slots ? v : -INFINITY);
+  float mx = lane < slots ? v : -INFINITY;
+#pragma unroll
+  for (int o = kWidth / 2; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
   const float e = lane < slots ? expf(v - mx) : 0.f;
-  return e / warp_sum(e);
+  float sum = e;
+#pragma unroll
+  for (int o = kWidth / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  return lane < slots ? e / sum : 0.f;
+}
+__device__ __forceinline__ float softmax_lanes(float v, int slots) {
+  if (slots <= 8) return softmax_group<8>(v, slots);
+  if (slots <= 16) return softmax_group<16>(v, slots);
+  return softmax_group<32>(v, slots);
 }
 
 // The lane n < N gets sum over the warp's lanes of f(n); the others 0. Slots go in groups of

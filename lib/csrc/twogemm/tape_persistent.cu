@@ -12,19 +12,21 @@
 //          w_{t-1} from the previous step's products; the output w_i silu(z_i);
 //   X1     each warp sends its 32 values of w (bf16) and the N partial write scores
 //          sum_{i in I_c} M_{t-1}[n, i] w_i: every CTA then holds the whole w_t as the mma B
-//          operand and the write scores W (rank-order sums, identical in every CTA);
-//          beta = softmax(s W);
+//          operand;
 //   mma    W_h[I_c, :] w_t (the next step's hw) and u = W_wr[I_c, :] w_t in one pass over
 //          the gathered w: each warp its k-range, partials summed over the warps in shared
 //          memory; both rounded to bf16 as the per-step path stores them;
-//   write  M[n, i] <- (1 - beta_n) M[n, i] + beta_n u_i (rounded to bf16: the checkpoints and
-//          the per-step path hold the same values);
 //   X2     the next read scores need M_t w_t = (1 - beta) W + beta (u . w): only the scalar
-//          u . w per batch column crosses the cluster (a 4-byte st.async per peer).
+//          u . w per batch column crosses the cluster (a 4-byte st.async per peer), sent as
+//          soon as the products are summed;
+//   write  while X2 travels: the write scores W (rank-order sums of the X1 partials, identical
+//          in every CTA), beta = softmax(s W), M[n, i] <- (1 - beta_n) M[n, i] + beta_n u_i
+//          (rounded to bf16: the checkpoints and the per-step path hold the same values).
 // No cluster barrier runs per step. Buffers and mbarriers are double (step t uses t % 2): a
 // CTA sends step t + 2's X1 into buffer t % 2 only after its X2 wait of step t + 1, which
 // needs every peer's step t + 1 X2, sent after that peer's warps read step t's X1 buffer
-// (products, then a block barrier, then X2); a CTA sends step t + 2's X2 only after its X1
+// (products, then a block barrier, then X2; the write-score partials are read after X2 is
+// sent, before anything of step t + 1 is); a CTA sends step t + 2's X2 only after its X1
 // wait of step t + 2, which needs every warp of every peer past its step t + 1 X2 read. Each
 // mbarrier is armed by thread 0 at the start of its step; bytes that arrive earlier count
 // against the not yet armed phase, which completes only once armed. The shared partial
@@ -35,6 +37,8 @@
 // step ahead. The tape is written to the checkpoints before steps 0, K, 2K, ...; where the
 // backward runs persistent, u_t, alpha_t and beta_t are stored for it (u_all, alpha_all,
 // beta_all), so that it recomputes the tapes from the checkpoints without any exchange.
+// Work that the next exchange does not need runs while an exchange travels: the outputs and the
+// checkpoint after X1 is sent; the write weights, the write and the saves after X2 is sent.
 // schedule.py restates this schedule on the CPU (tape_forward).
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
@@ -159,10 +163,6 @@ __global__ void __launch_bounds__(kThreads, 1) tape_forward_kernel(TapePersisten
       wx_next = __bfloat162float(wx[size_t(t + 1) * BD + idx]);
       z_next = __bfloat162float(zv[size_t(t + 1) * BD + idx]);
     }
-    if (t % K == 0 && live)
-      for (int n = 0; n < N; ++n)
-        ckpt[((size_t(t / K) * B + col0 + bcol) * N + n) * D + d] = __float2bfloat16_rn(tape[n * kThreads]);
-
     // read and update
     const float alpha = softmax_lanes(scale * rs, N);
     float r = 0.f;
@@ -170,29 +170,34 @@ __global__ void __launch_bounds__(kThreads, 1) tape_forward_kernel(TapePersisten
     const float w = tanhf(hw + wx_t + r + bias);
     const bf16 wb = live ? __float2bfloat16_rn(w) : zero;
     const float wf = __bfloat162float(wb);
+    // X1: w and the partial write scores (old tape, new w)
+    const float ws = slot_sums(N, [&](int n) { return tape[n * kThreads] * wf; });
+    x1(buf).send(packet, rank, wb, ws, &bar[buf]);
+    // while X1 travels: the outputs, and the checkpoint of the tape M_{t-1}
     if (live) {
       w_all[size_t(t + 1) * BD + idx] = wb;
       out[size_t(t) * BD + idx] = __float2bfloat16_rn(w * silu_f(z_t));
     }
-    // X1: w and the partial write scores (old tape, new w)
-    const float ws = slot_sums(N, [&](int n) { return tape[n * kThreads] * wf; });
-    x1(buf).send(packet, rank, wb, ws, &bar[buf]);
+    if (t % K == 0 && live)
+      for (int n = 0; n < N; ++n)
+        ckpt[((size_t(t / K) * B + col0 + bcol) * N + n) * D + d] = __float2bfloat16_rn(tape[n * kThreads]);
     mbar_wait(&bar[buf], phase);
-    const float wsum = x1(buf).slot_total<C>(N);
-    const float beta = softmax_lanes(scale * wsum, N);
 
-    // the products of w_t, the write, X2
+    // the products of w_t and X2 (they need no write weights)
     products(f, x1(buf).gathered(), kW, k0, red, prod);
     hw = round_bf16(prod[0]);
     const float u = round_bf16(prod[1]);
-    for (int n = 0; n < N; ++n) {
-      const float bn = __shfl_sync(0xffffffffu, beta, n);
-      tape[n * kThreads] = tape_update(tape[n * kThreads], bn, u);
-    }
     const float uw_part = warp_sum(u * wf);
     if (lane < C)
       st_async4(map_to_rank(smem_u32(uws(buf) + rank * kCols + bcol), uint32_t(lane)),
                 __float_as_uint(uw_part), map_to_rank(smem_u32(&bar[2 + buf]), uint32_t(lane)));
+    // while X2 travels: the write weights and the write
+    const float wsum = x1(buf).slot_total<C>(N);
+    const float beta = softmax_lanes(scale * wsum, N);
+    for (int n = 0; n < N; ++n) {
+      const float bn = __shfl_sync(0xffffffffu, beta, n);
+      tape[n * kThreads] = tape_update(tape[n * kThreads], bn, u);
+    }
     if (saves) {
       if (live) u_all[size_t(t) * BD + idx] = __float2bfloat16_rn(u);
       if (rank == 0 && col_live && lane < N) {

@@ -206,3 +206,61 @@ def tape_backward(x, z, w_x, w_h, w_wr, w_all, u_all, alpha_all, beta_all, ckpt,
     dw_h = dp2.t() @ w_all[:T].reshape(T * B, D)
     dw_wr = d_u.reshape(T * B, D).t() @ w_all[1:].reshape(T * B, D)
     return dx, d_z, dw_x, dw_h, dw_wr, dp2.sum(0), dh0, d_tape0
+
+
+# ---- the low-rank forward's step order (persistent.cu: the deferred and inline designs) -------
+def lowrank_forward_events(T: int, lead: int, design: str) -> list[tuple[str, int]]:
+    """One CTA's forward as the kernel orders it, for the input ring (`lead` steps ahead in
+    lead + 1 slots, one cp.async group a step) and the outputs: ("issue", s) stages step s's
+    inputs (an empty group where s >= T), ("wait", k) waits until at most k groups are pending,
+    ("barrier", -1) is a block barrier, ("read", t) reads step t's staged inputs, ("state", t)
+    writes h_t, ("store", t) stores step t's outputs. "deferred" stores step t - 1's outputs and
+    reads step t's inputs while step t's partials travel, and waits for step t + 1's inputs
+    before the closing barrier; "inline" does both after the barrier that completes p."""
+    ev: list[tuple[str, int]] = [("issue", s) for s in range(lead)]
+    if design == "deferred":
+        ev += [("wait", lead - 1), ("barrier", -1)]
+        for t in range(T):
+            ev += [("issue", t + lead)] + ([("store", t - 1)] if t else [])
+            ev += [("read", t), ("barrier", -1), ("state", t), ("wait", lead - 1), ("barrier", -1)]
+        return ev + ([("store", T - 1)] if T else [])
+    if design != "inline":
+        raise ValueError(f"unknown design {design!r}")
+    ev += [("barrier", -1)]
+    for t in range(T):
+        ev += [("issue", t + lead), ("wait", lead), ("barrier", -1), ("read", t), ("state", t),
+               ("store", t), ("barrier", -1)]
+    return ev
+
+
+def check_lowrank_forward_events(ev: list[tuple[str, int]], T: int, lead: int) -> None:
+    """Raises AssertionError unless: every read of step t follows the completion of step t's
+    copies (each thread waits for its own) and a block barrier after it (the other threads');
+    a slot is refilled only after a block barrier that follows the last read of its previous
+    step; each step's state precedes its outputs, stored exactly once."""
+    issued: list[int] = []
+    done: set[int] = set()       # groups complete in this thread
+    visible: set[int] = set()    # groups complete in every thread
+    read_at: dict[int, int] = {}  # step -> barriers seen at its read
+    barriers, states, stores = 0, set(), []
+    for kind, s in ev:
+        if kind == "issue":
+            prev = s - (lead + 1)
+            if 0 <= prev < T:
+                assert prev in read_at and read_at[prev] < barriers, f"slot of step {prev} refilled"
+            issued.append(s)
+        elif kind == "wait":
+            done.update(issued[:len(issued) - s])
+        elif kind == "barrier":
+            barriers += 1
+            visible |= done
+        elif kind == "read":
+            assert s in visible, f"step {s} read before its copies were visible"
+            read_at[s] = barriers
+        elif kind == "state":
+            states.add(s)
+        elif kind == "store":
+            assert s in states, f"step {s} stored before its state"
+            stores.append(s)
+    assert sorted(stores) == list(range(T)), "every step's outputs stored exactly once"
+    assert set(read_at) == set(range(T)), "every step's inputs read"
