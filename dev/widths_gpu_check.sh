@@ -10,9 +10,10 @@
 #
 # Output, in order: "== build" (build time), "== tests" (pytest's summary), "== latency" (one
 # row per D: design, persistent / graph us a step per B, "-" where the size takes the graph
-# path; then PASS / MISS lines and their count; then the traced forward's phases at D = 1024
-# and 1280, B = 4 and 16, from the development extension). The table is also written to
-# $OUT/widths_latency.json when OUT is set.
+# path; then PASS / MISS lines and their count; then the wide forward at D = 1280 forced to 8
+# and to 12 batch columns a cluster at B = 64 and 128; then the traced forward's phases at
+# D = 1024 and 1280, B = 4 and 16, from the development extension). The table is also written
+# to $OUT/widths_latency.json when OUT is set.
 source "$(dirname "$0")/gpu_check.sh"
 build dense dev
 

@@ -8,8 +8,10 @@ median of `reps` launches after three warm-ups, divided by T) on the persistent 
 `op.persistent_size` takes the size and on the graph path (elman.core.timing.timeit), and prints one row per D: the
 design, persistent and graph microseconds a step for each B. Then PASS / MISS lines: at no
 width is the persistent step slower than at D = 2048 for the same B (B <= 64, where D = 2048
-runs persistent); at D = 1280 it is <= 1.5 us at B <= 16 and <= 2.5 us at B = 64. Writes the
-table as JSON with --json PATH. With --trace, last: where a step of the traced persistent
+runs persistent); at D = 1280 it is <= 1.5 us at B <= 16 and <= 2.5 us at B = 64. Then the
+wide forward at D = 1280 forced to 8 and to 12 batch columns a cluster (op.WIDE_COLUMNS_ENV)
+at B = 64 and 128, side by side with the columns the plan takes unforced. Writes the table as
+JSON with --json PATH (the side-by-side rows under "wide_columns"). With --trace, last: where a step of the traced persistent
 forward spends its time (CTA 0's phase clocks, elman.harness.probes.trace_record; builds the
 development extension) at D = 1024 (cluster design) and 1280 (wide design), B = 4 and 16.
 Exits 0 (the MISS lines are the verdict).
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -89,12 +92,38 @@ def main() -> int:
         shown = f"{p:.2f}" if p is not None else "not persistent"
         print(f"{verdict} D=1280 B={B}: {shown} us <= {limit} us")
     print(f"{misses} MISS")
+    columns = wide_columns(a.T, a.reps)
     if a.json:
-        a.json.write_text(json.dumps({str(D): {str(B): v for B, v in row.items()}
-                                      for D, row in table.items()}, indent=1))
+        record = {str(D): {str(B): v for B, v in row.items()} for D, row in table.items()}
+        record["wide_columns"] = columns
+        a.json.write_text(json.dumps(record, indent=1))
     if a.trace:
         trace()
     return 0
+
+
+def wide_columns(T: int, reps: int, batches=(64, 128)) -> dict[str, dict[str, float]]:
+    """The wide forward (D = 1280) forced to 8 and to 12 batch columns a cluster, us a step,
+    with the plan's unforced choice: {B: {"8": us, "12": us, "auto": bc}}."""
+    ext, eid = op._ext(), op.epilogue_id(EPILOGUE)
+    rows: dict[str, dict[str, float]] = {}
+    print("wide forward at D=1280 by batch columns a cluster (us a step; clusters, max at once)")
+    for B in batches:
+        row: dict[str, float] = {"auto": ext.persistent_plan(B, 1280, False, eid)["bc"]}
+        cells = []
+        for bc in (8, 12):
+            os.environ[op.WIDE_COLUMNS_ENV] = str(bc)
+            try:
+                plan = ext.persistent_plan(B, 1280, False, eid)
+                row[str(bc)] = per_step("persistent", T, B, 1280, reps)
+            finally:
+                del os.environ[op.WIDE_COLUMNS_ENV]
+            cells.append(f"{bc:2d} columns {row[str(bc)]:.2f} ({plan['clusters']}, "
+                         f"{plan['max_active_clusters']})")
+        rows[str(B)] = row
+        print(f"B={B:4d}: " + " | ".join(cells) + f" | unforced: {row['auto']} columns",
+              flush=True)
+    return rows
 
 
 def trace() -> None:

@@ -1,12 +1,15 @@
 """The persistent path at every supported width on the GPU (skipped without CUDA): the
 compiled plans agree with `op.persistent_size` for every epilogue of the table (D = 128 ..
 2176 in steps of 128 at B from 1 to 130), and at each design's edges (cluster: D = 256 and
-1024 at B = 1 and 128; wide: D = 1280 at B = 1, 8, 9 (a second cluster), 64 and 130 (clusters
-in waves); grid: D = 384, 1152, 1920, 2048 at B = 1 and 64, the training width 1536 at B = 1,
-8, 9, 64) the persistent path agrees with the graph path forward and backward, bf16, for E1's
-epilogue (tanh_silu_gate), E33's self gate (no gate input), E63a (reads h_{t-1}) and, at
-D = 1280, E63b (two gates, reads h_{t-1}), and `last_path` says that the persistent path ran;
-sizes outside the set run on the graph path."""
+1024 at B = 1 and 128; wide: D = 1280 at B = 1, 8, 9 (a second cluster), and where the forward
+takes 12 columns a cluster, B = 57, 64, 65, 120, 128, 130 (clusters in waves beyond 84); grid:
+D = 384, 1152, 1920, 2048 at B = 1 and 64, the training width 1536 at B = 1, 8, 9, 64) the
+persistent path agrees with the graph path forward and backward, bf16, for E1's epilogue
+(tanh_silu_gate), E33's self gate (no gate input), E63a (reads h_{t-1}) and, at D = 1280, E63b
+(two gates, reads h_{t-1}), and `last_path` says that the persistent path ran; at D = 1280
+the wide forward's plan takes 12 columns exactly where that needs fewer waves, and forced to
+either width (op.WIDE_COLUMNS_ENV) it agrees with the graph path; sizes outside the set run on
+the graph path."""
 from __future__ import annotations
 
 import functools
@@ -25,8 +28,10 @@ EDGES = [(5, 1, 256), (4, 128, 256), (5, 1, 1024), (4, 128, 1024),
          (4, 64, 1920),
          (5, 1, 2048), (4, 64, 2048),
          (5, 1, 1280), (4, 8, 1280), (5, 9, 1280), (4, 64, 1280), (3, 130, 1280),
+         (3, 57, 1280), (3, 65, 1280), (3, 120, 1280), (3, 128, 1280),
          (5, 1, 1536), (4, 8, 1536), (5, 9, 1536), (4, 64, 1536)]
 WIDE = [(5, 1, 1280), (4, 8, 1280), (5, 9, 1280), (4, 64, 1280)]
+WIDE12 = [(3, 57, 1280), (3, 65, 1280), (3, 120, 1280), (3, 128, 1280)]  # the forward at 12
 TOL = 3e-2
 
 
@@ -88,8 +93,8 @@ def _delta_inputs(T, B, D, seed, variant="a"):
 
 @pytest.mark.parametrize("variant,T,B,D", [
     *(("a", *s) for s in [(5, 1, 384), (4, 64, 1152), (5, 9, 1920), (4, 64, 2048), (4, 128, 1024),
-                          *WIDE, (5, 1, 1536), (5, 9, 1536), (4, 64, 1536)]),
-    *(("b", *s) for s in WIDE)])
+                          *WIDE, *WIDE12, (5, 1, 1536), (5, 9, 1536), (4, 64, 1536)]),
+    *(("b", *s) for s in WIDE + WIDE12)])
 def test_e63_persistent_agrees_with_graph_at_the_edges(variant, T, B, D):
     results = {}
     for path in ("persistent", "graph"):
@@ -114,15 +119,46 @@ def test_auto_path_follows_the_predicate(B, D, want):
     assert op.last_path["forward"] == want and out.isfinite().all()
 
 
-def test_wide_plan_at_1280():
+def _waves(B: int, bc: int, active: int) -> int:
+    return -(-(-(-B // bc)) // active)
+
+
+def test_wide_plan_at_1280(monkeypatch):
+    """The backward in clusters of 8 columns; the forward of 12 where that takes fewer waves
+    than 8 (the GPU's own cluster counts), else 8; ELMAN_WIDE_COLUMNS forces either."""
     ext = op._ext()
     for epilogue in sorted(op.epilogues()):
-        for B, clusters in ((1, 1), (8, 1), (9, 2), (64, 8), (130, 17)):
+        eid = op.epilogue_id(epilogue)
+        active = {}
+        for bc in (8, 12):
+            monkeypatch.setenv(op.WIDE_COLUMNS_ENV, str(bc))
+            for B in (1, 9, 64, 130):
+                plan = ext.persistent_plan(B, 1280, False, eid)
+                assert plan["ok"] and (plan["bc"], plan["clusters"]) == (bc, -(-B // bc)), plan
+                active[bc] = plan["max_active_clusters"]
+                back = ext.persistent_plan(B, 1280, True, eid)
+                assert (back["bc"], back["clusters"]) == (8, -(-B // 8)), back
+        assert active[8] >= 1 and active[12] >= 1, (epilogue, active)
+        monkeypatch.delenv(op.WIDE_COLUMNS_ENV)
+        for B in (1, 8, 9, 56, 57, 64, 84, 85, 112, 113, 120, 128, 130):
+            bc = 12 if _waves(B, 12, active[12]) < _waves(B, 8, active[8]) else 8
             for backward in (False, True):
-                plan = ext.persistent_plan(B, 1280, backward, op.epilogue_id(epilogue))
+                plan = ext.persistent_plan(B, 1280, backward, eid)
                 assert plan["ok"] and plan["design"] == "wide", (epilogue, B, plan)
-                assert (plan["cluster"], plan["bc"], plan["clusters"]) == (16, 8, clusters), plan
+                want = (16, 8 if backward else bc, -(-B // (8 if backward else bc)))
+                assert (plan["cluster"], plan["bc"], plan["clusters"]) == want, (epilogue, B, plan)
                 assert plan["max_active_clusters"] >= 1, plan
+
+
+@pytest.mark.parametrize("bc", [8, 12])
+@pytest.mark.parametrize("B", [57, 64])
+def test_wide_forced_columns_agree_with_graph(monkeypatch, bc, B):
+    monkeypatch.setenv(op.WIDE_COLUMNS_ENV, str(bc))
+    assert op._ext().persistent_plan(B, 1280, False, op.epilogue_id("tanh_silu_gate"))["bc"] == bc
+    fast = _dense_run("tanh_silu_gate", "persistent", 3, B, 1280)
+    ref = _dense_run("tanh_silu_gate", "graph", 3, B, 1280)
+    for name in ref:
+        assert rel_error(fast[name], ref[name]) < TOL, (bc, B, name)
 
 
 def _dense_run_auto(B, D):
@@ -148,7 +184,7 @@ def _raw_run(ext, s):
 
 
 @pytest.mark.parametrize("T,B,D", [(16, 9, 1280), (8, 64, 1280), (6, 130, 1280)])
-def test_wide_jitter_changes_no_bit(T, B, D):
+def test_wide_jitter_changes_no_bit(T, B, D):  # B = 64, 130: the forward at 12 columns
     from elman.core import extension
     g = torch.Generator(device="cuda").manual_seed(T + B)
     s = inputs.random_inputs(T, B, D, ("x", "z", "w_h", "b", "h0"), "cuda", g)

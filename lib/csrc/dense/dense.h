@@ -112,7 +112,8 @@ struct PersistentPlan {
   const char* design = "cluster";
   int cluster = 0;     // CTAs per cluster (1 in the grid design)
   int clusters = 0;    // clusters launched (grid: CTAs of one launch)
-  int bc = 0;          // batch columns per cluster (cluster: 8 or 16; wide: 8; grid: 8 to 64)
+  int bc = 0;          // batch columns per cluster (cluster: 8 or 16; wide: 8, forward 8 or 12;
+                       // grid: 8 to 64)
   int smem = 0;        // dynamic shared memory per CTA, bytes
   int max_active = 0;  // clusters (grid: CTAs) of this shape the GPU can hold at once
   size_t xchg_bytes = 0;  // global workspace of the exchange (the launcher's `xchg`)

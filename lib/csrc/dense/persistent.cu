@@ -1,7 +1,8 @@
 // The persistent path's entry points: one of three designs (persistent.cuh: one cluster per
-// batch group at D = 256, 512, 768, 1024; wide.cuh: a 16-CTA cluster per 8 batch columns with
-// part of W_h in shared memory at D = 1280; grid.cuh: 4 D / 64 CTAs at the other multiples of
-// 128 up to 2048) for every epilogue of the table. The supported sizes are stated once more in lib/elman/families/dense/op.py
+// batch group at D = 256, 512, 768, 1024; wide.cuh: a 16-CTA cluster per 8 batch columns (the
+// forward per 12 where that takes fewer waves) with part of W_h in shared memory at D = 1280;
+// grid.cuh: 4 D / 64 CTAs at the other multiples of 128 up to 2048) for every epilogue of the
+// table. The supported sizes are stated once more in lib/elman/families/dense/op.py
 // (`persistent_size`), which a GPU test checks against these plans.
 // The traced forward is compiled only with ELMAN_TRACE (the development extension): in the
 // production build its marks and its instantiation do not exist.

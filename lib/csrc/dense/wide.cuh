@@ -6,21 +6,32 @@
 // its 16 multiplies all 80 rows by the columns of source slice w (5 k-steps: 25 mma a step,
 // five independent accumulator chains), so it waits for exactly one slice and each state B
 // fragment is loaded once a CTA. Of a warp's 25 fragments (i = 5 m-tile + k-step) the first
-// kRegFrags stay in registers (kRegFragsOf: 17-19, 68-76 registers a thread); the rest live in
+// kRegFrags stay in registers (kRegFragsOf: 15-19, 60-76 registers a thread); the rest live in
 // shared memory in fragment order (lane l's four registers are 16 consecutive bytes: one
 // conflict-free 16-byte load each) and are read every step. The 16 partial sums of a row (one
 // per slice) are added in the epilogue, in a fixed order; a thread reduces all its elements
 // before the epilogue of any and stores its state slice last, so that no element's partial-sum
 // loads are issued behind another element's stores (threads 0-127 finish two elements).
 //
+// The forward also runs with 12 batch columns a cluster (two n-tiles, the second with 4 live
+// columns): an H100 holds 7 of these clusters at once, so 12 columns take B = 57-84 in one wave
+// where 8 take two. Its warp multiplies m-tile by m-tile against the B fragments of both
+// n-tiles (loaded first, 20 registers; 50 mma a step, two chains), keeps fewer fragments in
+// registers (15-16), stages inputs two steps ahead and finishes two elements a thread (960 of a
+// slice; threads 0-447 two, the others one). The backward keeps 8 columns: it reads the
+// forward's states from h_all in global memory, so the two directions choose independently.
+//
 // Budget at D = 1280 (per CTA): W_h slice 80 x 1280 bf16 = 200 KB: 136-152 KB in registers,
 // 48-64 KB (6-8 fragments of 512 bytes a warp) in shared memory; state double buffer
 // 2 x 16 sources x 8 columns x (80 + 8) bf16 = 44 KB; partial sums 16 planes x 8 x 84 floats
 // = 42 KB; staged inputs 4 x kIn x 1.25 KB (5-30 KB): 139-164 KB of the 227 (E1 forward 144).
+// At 12 columns: weights 72-80 KB (9-10 fragments a warp) in shared memory, state 66 KB,
+// partial sums 63 KB, staged inputs 3 x kIn x 1.875 KB (6-17 KB): 212-226 KB (E1 212.5).
 // Every kernel: 128 registers, no spills. Per step a warp reads 3-3.5 KB of weights and
 // 1.25 KB of B fragments from shared memory: 70-78 KB a CTA, 540-610 clocks at 128 bytes a
-// clock, spread over the multiply (at D = 1024: 32 KB of B fragments). The exchange is one
-// 1408-byte slice a CTA a step, multicast to the 16 CTAs.
+// clock, spread over the multiply (at D = 1024: 32 KB of B fragments); at 12 columns 4.5-5 KB
+// and 2.5 KB, 112-120 KB a CTA, and the partial sums 60 KB each way (8 columns: 40). The
+// exchange is one 1408-byte slice a CTA a step (12 columns: 2112), multicast to the 16 CTAs.
 // D = 1536 does not fit one cluster: 96 x 1536 bf16 = 288 KB a CTA; with 80 registers of
 // fragments a thread (160 KB, beyond what the kernels hold at 1280 without spilling) the
 // other 128 KB of weights, a 52 KB state buffer and 50 KB of partial sums exceed 227 KB.
@@ -29,10 +40,12 @@
 // published by one bulk copy that multicasts it from the CTA's global staging slot to every
 // CTA, inputs staged kLead steps ahead by cp.async, the same epilogue table, and a thread
 // finishing the same elements every step (kReadsPrev epilogues keep h_{t-1} and the carry in
-// registers). A slice of 640 elements over 512 threads: threads 0-127 finish two, the others
-// one.
+// registers). A slice of 640 elements over 512 threads (8 columns): threads 0-127 finish two,
+// the others one.
 // Kernels and launch helpers are templates over the epilogue; persistent.cu instantiates them.
 #pragma once
+
+#include <cstdlib>
 
 #include "dense/persistent.cuh"
 
@@ -43,8 +56,6 @@ namespace {  // internal linkage, as the cluster design (persistent.cuh)
 namespace cg = cooperative_groups;
 using cluster_design::Args;
 using cluster_design::ArgsOf;
-using cluster_design::kLead;
-using cluster_design::kStages;
 using cluster_design::mark;
 using cluster_design::stamp;
 
@@ -52,13 +63,23 @@ constexpr int kDim = 1280;     // the one width of this design
 constexpr int kRanks = 16;     // CTAs of a cluster
 constexpr int kWarps = 16;
 constexpr int kThreads = kWarps * 32;
-constexpr int kBc = 8;         // batch columns of a cluster: one mma n-tile
+constexpr int kNarrow = 8;     // batch columns of a cluster: one mma n-tile
+constexpr int kBroad = 12;     // the forward's other width: two n-tiles, the second 4 columns
+// The forward's columns forced for side-by-side timing: ELMAN_WIDE_COLUMNS=8 or 12 (read by
+// make_plan at every plan); by default the forward takes 12 where that needs fewer waves.
+constexpr const char* kColumnsEnv = "ELMAN_WIDE_COLUMNS";
 // Fragments a warp keeps in registers (of 25): as many as ptxas (CUDA 13.0) allocates in 128
-// registers without spilling, found per kernel: 19 (76 registers) for the forward of the
-// epilogues that do not read h_{t-1} and the backward of those that do, else 18; the traced
-// forward (development build) 17.
-template <class Epi, bool kBackward, bool kTrace = false>
-constexpr int kRegFragsOf = kTrace ? 17 : (kBackward == kReadsPrevOf<Epi>) ? 19 : 18;
+// registers without spilling, found per kernel. At 8 columns: 19 (76 registers) for the
+// forward of the epilogues that do not read h_{t-1} and the backward of those that do, else
+// 18; the traced forward (development build) 17. At 12 columns (the forward only; B
+// fragments of both n-tiles and two accumulator tiles live): 16 (64 registers), 15 for the
+// epilogues of two gate inputs. There is no traced forward at 12 columns: it spills at 15
+// (E1: 28 bytes) and at 14 its shared memory exceeds the SM's (E1: 233,984 bytes); trace with
+// ELMAN_WIDE_COLUMNS=8.
+template <class Epi, bool kBackward, bool kTrace = false, int kBc = kNarrow>
+constexpr int kRegFragsOf = kBc == kBroad ? (Epi::kGates == 2 ? 15 : 16)
+                            : kTrace      ? 17
+                            : (kBackward == kReadsPrevOf<Epi>) ? 19 : 18;
 
 inline bool takes(int dim) { return dim == kDim; }
 
@@ -70,8 +91,13 @@ __device__ __forceinline__ void ldmatrix_x2(uint32_t (&b)[2], uint32_t addr) {
                : "memory");
 }
 
-template <int kGates, bool kBackward, bool kPrev, int kRegFrags>
+template <int kGates, bool kBackward, bool kPrev, int kRegFrags, int kBc = kNarrow>
 struct Cta {
+  static constexpr int kNt = (kBc + 7) / 8;                   // mma n-tiles
+  // Inputs staged kLead steps ahead (a ring of kLead + 1): the cluster design's three at 8
+  // columns, two at 12, whose step (about 2 us) is still twice the latency of HBM.
+  static constexpr int kLead = kBc == kNarrow ? cluster_design::kLead : 2;
+  static constexpr int kStages = kLead + 1;
   static constexpr int kRows = kDim / kRanks;                 // 80
   static constexpr int kSrcRow = kRows + 8;                   // bf16 per (source, column) row
   static constexpr int kTiles = kRows / 16;                   // m-tiles of a CTA
@@ -91,6 +117,7 @@ struct Cta {
   static_assert(kRows % 16 == 0 && kWarps == kRanks, "one warp per source slice");
   static_assert(kRegFrags >= 1 && kRegFrags <= kFrags, "fragments");
   static_assert(kBlockBytes % 16 == 0, "bulk copies move multiples of 16 bytes");
+  static_assert(kBc == kNarrow || (kBc > 8 && kBc <= 16 && kBc % 2 == 0), "one or two n-tiles");
 
   // Shared memory: state[2][source][n][kSrcRow] | red | stage | weights | mbar[2][source]
   static constexpr int kRedOffset = 2 * kStateElems * 2;
@@ -201,6 +228,16 @@ struct Cta {
       jitter(e, 6 + w);
       first();
     }
+    if constexpr (kNt == 1) {
+      multiply_one(i);
+    } else {
+      multiply_two(i);
+    }
+  }
+
+  // multiply's product at one n-tile (8 columns), k-step by k-step: five accumulator chains.
+  __device__ void multiply_one(int i) {
+    const int lane_ = lane(), w = warp();
     // ldmatrix.x4 of k-steps s, s + 1: lane l addresses row l % 8 (batch column) of matrix
     // l / 8, the 8 columns (l / 8) % 2 of k-step s + l / 16; the odd last k-step by .x2.
     const uint32_t src = smem_u32(buffer(i) + w * kBlock + (lane_ & 7) * kSrcRow +
@@ -248,6 +285,52 @@ struct Cta {
     }
   }
 
+  // multiply's product at two n-tiles (kBc > 8), m-tile by m-tile: the B fragments of the five
+  // k-steps first (one ldmatrix.x4 a k-step: lane l addresses batch column 8 (l / 16) + l % 8,
+  // the last live column for those beyond kBc, the 8 columns (l / 8) % 2 of the k-step; b[s][0..1]
+  // n-tile 0, b[s][2..3] n-tile 1), then for each m-tile its five fragments against both n-tiles
+  // (two chains, 8 accumulators live). The partial sums of the columns beyond kBc are dropped.
+  __device__ void multiply_two(int i) {
+    const int lane_ = lane(), w = warp();
+    const int n = min(((lane_ >> 4) << 3) + (lane_ & 7), kBc - 1);
+    const uint32_t src = smem_u32(buffer(i) + w * kBlock + n * kSrcRow + ((lane_ >> 3) & 1) * 8);
+    uint32_t b[kSliceSteps][4];
+#pragma unroll
+    for (int s = 0; s < kSliceSteps; ++s) ldmatrix_x4(b[s], src + s * 32);
+    const uint4* wf = weights() + w * kWFrags * 32 + lane_;
+    const int g = lane_ >> 2, q = lane_ & 3;
+    float* r = red() + w * kBc * kRedStride;
+    const bool second = 8 + 2 * q < kBc;  // this lane's columns of n-tile 1 are live
+#pragma unroll
+    for (int mt = 0; mt < kTiles; ++mt) {
+      float acc[2][4] = {};
+#pragma unroll
+      for (int st = 0; st < kSliceSteps; ++st) {
+        const int f = mt * kSliceSteps + st;
+        uint32_t fr[4];
+        if (f < kRegFrags) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) fr[j] = a[f][j];
+        } else {
+          const uint4 v = wf[(f - kRegFrags) * 32];
+          fr[0] = v.x, fr[1] = v.y, fr[2] = v.z, fr[3] = v.w;
+        }
+        mma(acc[0], fr, b[st][0], b[st][1]);
+        mma(acc[1], fr, b[st][2], b[st][3]);
+      }
+      const int row = mt * 16 + g;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        if (nt == 1 && !second) break;
+        float* c = r + (8 * nt + 2 * q) * kRedStride + row;
+        c[0] = acc[nt][0];
+        c[kRedStride] = acc[nt][1];
+        c[8] = acc[nt][2];
+        c[kRedStride + 8] = acc[nt][3];
+      }
+    }
+  }
+
   // W h of row r for column n: the 16 slice planes, as four interleaved sums of four (a chain
   // of 16 dependent adds would sit on the step's critical path).
   __device__ float reduce(int n, int r) const {
@@ -284,9 +367,9 @@ struct Cta {
   }
 };
 
-template <class Epi, bool kTrace>
+template <class Epi, bool kTrace, int kBc = kNarrow>
 __global__ void __launch_bounds__(kThreads, 1) wide_forward(ArgsOf<Epi> p) {
-  using C = Cta<Epi::kGates, false, kReadsPrevOf<Epi>, kRegFragsOf<Epi, false, kTrace>>;
+  using C = Cta<Epi::kGates, false, kReadsPrevOf<Epi>, kRegFragsOf<Epi, false, kTrace, kBc>, kBc>;
   constexpr bool kPrev = kReadsPrevOf<Epi>;
   cg::cluster_group cluster = cg::this_cluster();
   extern __shared__ __align__(16) unsigned char smem[];
@@ -294,7 +377,7 @@ __global__ void __launch_bounds__(kThreads, 1) wide_forward(ArgsOf<Epi> p) {
   stamp<kTrace>(p, 0);
   const size_t BD = size_t(p.batch) * kDim;
 
-  for (int i = 0; i < kLead; ++i) cta.stage_inputs(i, p, i, i >= p.steps);
+  for (int i = 0; i < C::kLead; ++i) cta.stage_inputs(i, p, i, i >= p.steps);
   cta.load_weights(p.w, false);
   for (int i = threadIdx.x; i < kBc * kDim; i += kThreads) {
     const int n = i / kDim, k = i % kDim;
@@ -332,7 +415,7 @@ __global__ void __launch_bounds__(kThreads, 1) wide_forward(ArgsOf<Epi> p) {
       for (int i = 0; i < Epi::kGates; ++i) g[i] = to_float(in[(1 + i) * C::kSlice + j]);
       pre[k] = Epi::prepare(g);
     }
-    cta.stage_inputs(t + kLead, p, t + kLead, t + kLead >= p.steps);
+    cta.stage_inputs(t + C::kLead, p, t + C::kLead, t + C::kLead >= p.steps);
     jitter(t, 2);
     if (t == 0) mark<kTrace>(p, t, 1);
     cta.multiply(t, t - 1, [&] { mark<kTrace>(p, t, 1); });
@@ -379,7 +462,7 @@ __global__ void __launch_bounds__(kThreads, 1) wide_forward(ArgsOf<Epi> p) {
 template <class Epi>
 __global__ void __launch_bounds__(kThreads, 1) wide_backward(ArgsOf<Epi> p) {
   constexpr bool kPrev = kReadsPrevOf<Epi>;
-  using C = Cta<Epi::kGates, true, kPrev, kRegFragsOf<Epi, true>>;
+  using C = Cta<Epi::kGates, true, kPrev, kRegFragsOf<Epi, true>>;  // 8 columns
   constexpr int kG = Epi::kGates;
   cg::cluster_group cluster = cg::this_cluster();
   extern __shared__ __align__(16) unsigned char smem[];
@@ -388,7 +471,7 @@ __global__ void __launch_bounds__(kThreads, 1) wide_backward(ArgsOf<Epi> p) {
   const int T = p.steps;
   auto none = [] {};
 
-  for (int i = 0; i < kLead; ++i) cta.stage_inputs(i, p, T - 1 - i, i >= T);
+  for (int i = 0; i < C::kLead; ++i) cta.stage_inputs(i, p, T - 1 - i, i >= T);
   cta.load_weights(p.w, true);
   C::wait_inputs();
   cluster.sync();
@@ -399,7 +482,7 @@ __global__ void __launch_bounds__(kThreads, 1) wide_backward(ArgsOf<Epi> p) {
     jitter(u, 0);
     cta.expect(u);
     jitter(u, 1);
-    cta.stage_inputs(u + kLead, p, t - kLead, u + kLead >= T);
+    cta.stage_inputs(u + C::kLead, p, t - C::kLead, u + C::kLead >= T);
     jitter(u, 2);
     if (u > 0) cta.multiply(u, u - 1, none);
     jitter(u, 3);
@@ -479,10 +562,17 @@ __global__ void __launch_bounds__(kThreads, 1) wide_backward(ArgsOf<Epi> p) {
 template <class Epi>
 using KernelPtr = void (*)(ArgsOf<Epi>);
 
+template <class Epi, bool kBackward, int kBc = kNarrow, bool kTrace = false>
+using CtaOf = Cta<Epi::kGates, kBackward, kReadsPrevOf<Epi>,
+                  kRegFragsOf<Epi, kBackward, kTrace, kBc>, kBc>;
+
+// The kernel of a direction and column count: the backward at 8 columns only, the traced
+// forward at 8 and in the development build only (else null).
 template <class Epi>
-KernelPtr<Epi> pick(bool backward, bool trace = false) {
-  if (backward) return wide_backward<Epi>;
-#ifdef ELMAN_TRACE  // the traced forward exists in the development build only
+KernelPtr<Epi> pick(bool backward, int bc, bool trace = false) {
+  if (backward) return bc == kNarrow && !trace ? wide_backward<Epi> : nullptr;
+  if (bc == kBroad) return trace ? nullptr : wide_forward<Epi, false, kBroad>;
+#ifdef ELMAN_TRACE
   return trace ? wide_forward<Epi, true> : wide_forward<Epi, false>;
 #else
   return trace ? nullptr : wide_forward<Epi, false>;
@@ -490,22 +580,21 @@ KernelPtr<Epi> pick(bool backward, bool trace = false) {
 }
 
 template <class Epi>
-int smem_for(bool backward, bool trace = false) {
-  constexpr bool kPrev = kReadsPrevOf<Epi>;
-  if (backward) return Cta<Epi::kGates, true, kPrev, kRegFragsOf<Epi, true>>::kSmem;
-  return trace ? Cta<Epi::kGates, false, kPrev, kRegFragsOf<Epi, false, true>>::kSmem
-               : Cta<Epi::kGates, false, kPrev, kRegFragsOf<Epi, false>>::kSmem;
+int smem_for(bool backward, int bc, bool trace = false) {
+  if (backward) return CtaOf<Epi, true>::kSmem;
+  if (bc == kBroad) return CtaOf<Epi, false, kBroad>::kSmem;
+  return trace ? CtaOf<Epi, false, kNarrow, true>::kSmem : CtaOf<Epi, false>::kSmem;
 }
 
 template <class Epi>
 cudaError_t launch(const PersistentPlan& plan, bool backward, cudaStream_t stream,
                    const ArgsOf<Epi>& args) {
   const bool trace = args.trace != nullptr;
-  KernelPtr<Epi> k = pick<Epi>(backward, trace);
-  if (k == nullptr) return cudaErrorInvalidValue;  // a trace asked of a build without it
+  KernelPtr<Epi> k = pick<Epi>(backward, plan.bc, trace);
+  if (k == nullptr) return cudaErrorInvalidValue;  // a trace asked of a build or width without it
   // The plan set the attributes of the untraced kernel, whose shared memory the traced one
   // may exceed (fewer fragments in registers).
-  const int smem = trace ? smem_for<Epi>(backward, true) : plan.smem;
+  const int smem = trace ? smem_for<Epi>(backward, plan.bc, true) : plan.smem;
   if (trace) {
     const cudaError_t e = allow_cluster_launch(k, smem, plan.cluster);
     if (e != cudaSuccess) return e;
@@ -517,8 +606,48 @@ cudaError_t launch(const PersistentPlan& plan, bool backward, cudaStream_t strea
   return e == cudaSuccess ? cudaGetLastError() : e;
 }
 
-// The wide design's plan for epilogue Epi (D = 1280, any B: clusters of 8 columns, in waves
-// beyond what the GPU holds at once).
+// Clusters of the kernel (direction, columns) that the GPU holds at once (0: none), asked once
+// per process, device and epilogue; the kernel's attributes are set on the way.
+template <class Epi>
+int active_clusters(bool backward, int bc) {
+  static int active_cache[8][2][2];
+  static bool cached[8][2][2];
+  int dev = 0;
+  cudaGetDevice(&dev);
+  const bool broad = bc == kBroad;
+  int& active = active_cache[dev & 7][backward][broad];
+  if (!cached[dev & 7][backward][broad]) {
+    cached[dev & 7][backward][broad] = true;
+    active = 0;
+    const int smem = smem_for<Epi>(backward, bc);
+    KernelPtr<Epi> k = pick<Epi>(backward, bc);
+    cudaLaunchAttribute attr[1];
+    cudaLaunchConfig_t cfg = cluster_launch_config(kRanks, 1, kThreads, smem, nullptr, attr);
+    if (k == nullptr || allow_cluster_launch(k, smem, kRanks) != cudaSuccess ||
+        cudaOccupancyMaxActiveClusters(&active, k, &cfg) != cudaSuccess) {
+      cudaGetLastError();
+      active = 0;
+    }
+  }
+  return active;
+}
+
+// The forward's columns forced by ELMAN_WIDE_COLUMNS (8 or 12), else 0.
+inline int forced_columns() {
+  const char* v = std::getenv(kColumnsEnv);
+  const int bc = v != nullptr ? std::atoi(v) : 0;
+  return bc == kNarrow || bc == kBroad ? bc : 0;
+}
+
+// Waves of clusters of bc columns that B columns take when the GPU holds `active` at once.
+inline int waves(int batch, int bc, int active) {
+  return ((batch + bc - 1) / bc + active - 1) / active;
+}
+
+// The wide design's plan for epilogue Epi (D = 1280, any B; in waves beyond what the GPU holds
+// at once): the backward in clusters of 8 columns, the forward of 8 or 12, whichever takes
+// fewer waves (on an H100, 7 clusters at once: 12 at every B > 56 but 85-112), 8 at a tie
+// (its step is cheaper), unless ELMAN_WIDE_COLUMNS forces one.
 template <class Epi>
 PersistentPlan make_plan(int batch, int dim, bool backward) {
   PersistentPlan plan;
@@ -526,35 +655,26 @@ PersistentPlan make_plan(int batch, int dim, bool backward) {
   if (!takes(dim)) { plan.reason = "the wide cluster design takes D = 1280"; return plan; }
   if (batch < 1) { plan.reason = "B must be at least 1"; return plan; }
   if (size_t(batch) * dim >= (size_t(1) << 31)) { plan.reason = "B * D must be below 2^31"; return plan; }
-  int dev = 0;
-  cudaGetDevice(&dev);
   plan.cluster = kRanks;
-  const int smem = smem_for<Epi>(backward);
-  static int active_cache[8][2];
-  static bool cached[8][2];
-  int& active = active_cache[dev & 7][backward];
-  if (!cached[dev & 7][backward]) {
-    cached[dev & 7][backward] = true;
-    active = 0;
-    KernelPtr<Epi> k = pick<Epi>(backward);
-    cudaLaunchAttribute attr[1];
-    cudaLaunchConfig_t cfg = cluster_launch_config(kRanks, 1, kThreads, smem, nullptr, attr);
-    if (allow_cluster_launch(k, smem, kRanks) != cudaSuccess ||
-        cudaOccupancyMaxActiveClusters(&active, k, &cfg) != cudaSuccess) {
-      cudaGetLastError();
-      active = 0;
-    }
+  int bc = kNarrow, active = active_clusters<Epi>(backward, kNarrow);
+  if (!backward) {
+    const int forced = forced_columns();
+    const int broad = forced == kNarrow ? 0 : active_clusters<Epi>(false, kBroad);
+    const bool fewer = broad > 0 && (active <= 0 || waves(batch, kBroad, broad) <
+                                                        waves(batch, kNarrow, active));
+    if (broad > 0 && (forced == kBroad || (!forced && fewer))) bc = kBroad, active = broad;
   }
   if (active <= 0) {
     plan.reason = "the GPU cannot hold one 16-CTA cluster of the wide design";
     return plan;
   }
   plan.ok = true;
-  plan.bc = kBc;
-  plan.clusters = (batch + kBc - 1) / kBc;
-  plan.smem = smem;
+  plan.bc = bc;
+  plan.clusters = (batch + bc - 1) / bc;
+  plan.smem = smem_for<Epi>(backward, bc);
   plan.max_active = active;
-  plan.xchg_bytes = size_t(plan.clusters) * kRanks * 2 * Cta<0, false, false, kRegFragsOf<Epi, false>>::kBlock * 2;
+  const int block = bc == kBroad ? CtaOf<Epi, false, kBroad>::kBlock : CtaOf<Epi, false>::kBlock;
+  plan.xchg_bytes = size_t(plan.clusters) * kRanks * 2 * block * 2;
   if (plan.clusters > active) plan.reason = "more clusters than fit at once: they run in waves";
   return plan;
 }

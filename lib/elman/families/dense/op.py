@@ -14,7 +14,8 @@ with k gate inputs g_1..g_k (E0/E1's "tanh_silu_gate": k = 1, h = tanh(v), out =
 
 Three paths run the op: `persistent` (bf16; W_h stays on chip for the whole sequence: in
 the registers of one thread-block cluster at D = 256, 512, 768, 1024 and any B, in the
-registers and shared memory of a 16-CTA cluster per 8 batch columns at D = 1280 and any B,
+registers and shared memory of a 16-CTA cluster per 8 batch columns at D = 1280 and any B
+(the forward per 12 where that takes fewer waves of clusters: `WIDE_COLUMNS_ENV`),
 in a grid of 4 D / 64 CTAs exchanging through L2 at the other multiples of 128 up to 2048 and
 B <= 64; the set is `persistent_size`; chapter "Kernel engineering"), `steps` (one cuBLAS GEMM plus one fused
 elementwise kernel per step, launched from the stream; any size, fp32 and bf16) and `graph`
@@ -87,13 +88,18 @@ def validate_cell(x, gates, w_x, w_h, b, h0, path: str) -> None:
 
 CLUSTER_WIDTHS = (256, 512, 768, 1024)  # the cluster design's D: any B
 WIDE_WIDTHS = (1280,)                    # the wide cluster design's D: any B
+# The wide forward's batch columns per cluster, 8 or 12, forced for side-by-side timing by this
+# environment variable (read at every plan); unset, the forward takes 12 where that needs fewer
+# waves of clusters (on an H100, 7 clusters at once: every B > 56 but 85-112), else 8. The
+# backward always takes 8.
+WIDE_COLUMNS_ENV = "ELMAN_WIDE_COLUMNS"
 GRID_MAX_BATCH = 64                      # the grid design's largest B (every other D)
 MAX_WIDTH = 2048
 
 
 def persistent_design(D: int) -> str:
     """The persistent design that takes width D (of the supported set): 'cluster', 'wide'
-    (a 16-CTA cluster per 8 batch columns, W_h split between registers and shared memory;
+    (a 16-CTA cluster per 8 or 12 batch columns, W_h split between registers and shared memory;
     D = 1536 does not fit one: lib/csrc/dense/wide.cuh) or 'grid'."""
     return "cluster" if D in CLUSTER_WIDTHS else "wide" if D in WIDE_WIDTHS else "grid"
 
