@@ -119,8 +119,10 @@ struct PersistentPlan {
   size_t xchg_bytes = 0;  // global workspace of the exchange (the launcher's `xchg`)
 };
 
-// The plan of the design that takes D (cluster, wide, else grid) for this epilogue.
-PersistentPlan dense_persistent_plan(int epilogue, int batch, int dim, bool backward);
+// The plan of the design that takes D (cluster, wide, else grid) for this epilogue; `traced`:
+// for the traced forward (development build), which the wide design runs at 8 columns only.
+PersistentPlan dense_persistent_plan(int epilogue, int batch, int dim, bool backward,
+                                     bool traced = false);
 
 cudaError_t dense_persistent_forward(int epilogue, const DenseForward& a);
 cudaError_t dense_persistent_backward(int epilogue, const DenseBackward& a);

@@ -14,7 +14,7 @@
 
 namespace elman {
 
-PersistentPlan dense_persistent_plan(int epilogue, int batch, int dim, bool backward) {
+PersistentPlan dense_persistent_plan(int epilogue, int batch, int dim, bool backward, bool traced) {
   PersistentPlan plan;
   int dev = 0, major = 0;
   cudaGetDevice(&dev);
@@ -23,7 +23,7 @@ PersistentPlan dense_persistent_plan(int epilogue, int batch, int dim, bool back
   const bool known = with_epilogue<true, DenseEpilogues>(epilogue, [&](auto e) {
     using E = decltype(e);
     plan = dim % 256 == 0 && dim <= 1024 ? cluster_design::make_plan<E>(batch, dim, backward)
-           : wide_design::takes(dim)     ? wide_design::make_plan<E>(batch, dim, backward)
+           : wide_design::takes(dim)     ? wide_design::make_plan<E>(batch, dim, backward, traced)
                                          : grid_design::make_plan<E>(batch, dim, backward);
   });
   if (!known) plan.reason = "unknown dense epilogue id";
@@ -33,7 +33,7 @@ PersistentPlan dense_persistent_plan(int epilogue, int batch, int dim, bool back
 namespace {
 
 cudaError_t forward(int epilogue, const DenseForward& a, long long* trace) {
-  const PersistentPlan plan = dense_persistent_plan(epilogue, a.batch, a.dim, false);
+  const PersistentPlan plan = dense_persistent_plan(epilogue, a.batch, a.dim, false, trace != nullptr);
   if (!plan.ok) return cudaErrorInvalidConfiguration;
   cudaError_t err = cudaErrorInvalidValue;
   with_epilogue<true, DenseEpilogues>(epilogue, [&](auto e) {

@@ -74,8 +74,8 @@ constexpr const char* kColumnsEnv = "ELMAN_WIDE_COLUMNS";
 // 18; the traced forward (development build) 17. At 12 columns (the forward only; B
 // fragments of both n-tiles and two accumulator tiles live): 16 (64 registers), 15 for the
 // epilogues of two gate inputs. There is no traced forward at 12 columns: it spills at 15
-// (E1: 28 bytes) and at 14 its shared memory exceeds the SM's (E1: 233,984 bytes); trace with
-// ELMAN_WIDE_COLUMNS=8.
+// (E1: 28 bytes) and at 14 its shared memory exceeds the SM's (E1: 233,984 bytes); the traced
+// forward's plan takes 8.
 template <class Epi, bool kBackward, bool kTrace = false, int kBc = kNarrow>
 constexpr int kRegFragsOf = kBc == kBroad ? (Epi::kGates == 2 ? 15 : 16)
                             : kTrace      ? 17
@@ -647,9 +647,9 @@ inline int waves(int batch, int bc, int active) {
 // The wide design's plan for epilogue Epi (D = 1280, any B; in waves beyond what the GPU holds
 // at once): the backward in clusters of 8 columns, the forward of 8 or 12, whichever takes
 // fewer waves (on an H100, 7 clusters at once: 12 at every B > 56 but 85-112), 8 at a tie
-// (its step is cheaper), unless ELMAN_WIDE_COLUMNS forces one.
+// (its step is cheaper), unless ELMAN_WIDE_COLUMNS forces one; the traced forward takes 8.
 template <class Epi>
-PersistentPlan make_plan(int batch, int dim, bool backward) {
+PersistentPlan make_plan(int batch, int dim, bool backward, bool traced = false) {
   PersistentPlan plan;
   plan.design = "wide";
   if (!takes(dim)) { plan.reason = "the wide cluster design takes D = 1280"; return plan; }
@@ -657,7 +657,7 @@ PersistentPlan make_plan(int batch, int dim, bool backward) {
   if (size_t(batch) * dim >= (size_t(1) << 31)) { plan.reason = "B * D must be below 2^31"; return plan; }
   plan.cluster = kRanks;
   int bc = kNarrow, active = active_clusters<Epi>(backward, kNarrow);
-  if (!backward) {
+  if (!backward && !traced) {
     const int forced = forced_columns();
     const int broad = forced == kNarrow ? 0 : active_clusters<Epi>(false, kBroad);
     const bool fewer = broad > 0 && (active <= 0 || waves(batch, kBroad, broad) <

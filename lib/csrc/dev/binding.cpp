@@ -38,7 +38,7 @@ void dense_forward_traced(int64_t epilogue, const at::Tensor& wx,
   elman::check::Tensors{wx.device(), at::kLong}(trace, "trace", {int64_t(a.steps) * 6 + 4});
   const c10::cuda::CUDAGuard guard(wx.device());
   a.stream = current_stream();
-  const auto plan = elman::dense_persistent_plan(int(epilogue), a.batch, a.dim, false);
+  const auto plan = elman::dense_persistent_plan(int(epilogue), a.batch, a.dim, false, true);
   const at::Tensor xchg = at::empty({int64_t(plan.xchg_bytes)}, wx.options().dtype(at::kByte));
   a.xchg = xchg.data_ptr();
   elman::check::cuda(elman::dense_persistent_forward_traced(
