@@ -151,14 +151,16 @@ def test_wide_plan_at_1280(monkeypatch):
 
 
 @pytest.mark.parametrize("bc", [8, 12])
-@pytest.mark.parametrize("B", [57, 64])
-def test_wide_forced_columns_agree_with_graph(monkeypatch, bc, B):
+@pytest.mark.parametrize("B,T", [(57, 3), (64, 3), (64, 11), (130, 9)])
+def test_wide_forced_columns_agree_with_graph(monkeypatch, bc, B, T):
+    """Either width against the graph path; T = 9 and 11 refill every slot of the input ring
+    (three slots at 12 columns, four at 8) several times."""
     monkeypatch.setenv(op.WIDE_COLUMNS_ENV, str(bc))
     assert op._ext().persistent_plan(B, 1280, False, op.epilogue_id("tanh_silu_gate"))["bc"] == bc
-    fast = _dense_run("tanh_silu_gate", "persistent", 3, B, 1280)
-    ref = _dense_run("tanh_silu_gate", "graph", 3, B, 1280)
+    fast = _dense_run("tanh_silu_gate", "persistent", T, B, 1280)
+    ref = _dense_run("tanh_silu_gate", "graph", T, B, 1280)
     for name in ref:
-        assert rel_error(fast[name], ref[name]) < TOL, (bc, B, name)
+        assert rel_error(fast[name], ref[name]) < TOL, (bc, B, T, name)
 
 
 def _dense_run_auto(B, D):
