@@ -39,7 +39,7 @@ def _cases(name: str, B: int, D: int, T: int):
     fast = {c.impl[5:]: c.fast for c in cases}
     module = __import__(e.layer.__module__, fromlist=["cell"])  # the variant's module
     fast["auto"] = lambda **a: module.cell(**a, backend="cuda", path="auto")
-    if "persistent" in fast and name not in ("E23", "E23n32"):  # the low-rank forward's designs
+    if "persistent" in fast and name in ("E4", "E5", "E66", "E67lr"):  # the low-rank forward's designs
         for design in op.FORWARD_DESIGNS[1:]:
             fast[f"persistent-{design}"] = _with_design(fast["persistent"], design)
     return fast, leaves

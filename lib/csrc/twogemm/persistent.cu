@@ -28,7 +28,7 @@
 //      template parameter, so the four elements of a lane interleave);
 // step t + 1's inputs are waited for before the closing barrier, which makes them visible.
 // Both designs give the same bits. The traced forward (kTrace) records clock64 at the phase
-// boundaries of every step in CTA 0 (kTracePhases; for the inline design phase 2 equals 1).
+// boundaries of every step in CTA 0 (kLowRankTracePhases; for the inline design phase 2 equals 1).
 // The backward runs the same machine on (U^T, V^T): the stage's gradient gives d_pre on
 // I_c, A/X/R give dp = d_pre U (r wide), B gives g_{t-1}[I_c] = direct + (dp V)[I_c], kept in
 // fp32 registers.

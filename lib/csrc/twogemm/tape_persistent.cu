@@ -164,7 +164,7 @@ __global__ void __launch_bounds__(kThreads, 1) tape_forward_kernel(TapePersisten
       z_next = __bfloat162float(zv[size_t(t + 1) * BD + idx]);
     }
     // read and update
-    const float alpha = softmax_lanes(scale * rs, N);
+    const float alpha = softmax_lanes(__fmul_rn(scale, rs), N);  // rounded: no FMA into the max
     float r = 0.f;
     for (int n = 0; n < N; ++n) r += __shfl_sync(0xffffffffu, alpha, n) * tape[n * kThreads];
     const float w = tanhf(hw + wx_t + r + bias);
@@ -193,7 +193,7 @@ __global__ void __launch_bounds__(kThreads, 1) tape_forward_kernel(TapePersisten
                 __float_as_uint(uw_part), map_to_rank(smem_u32(&bar[2 + buf]), uint32_t(lane)));
     // while X2 travels: the write weights and the write
     const float wsum = x1(buf).slot_total<C>(N);
-    const float beta = softmax_lanes(scale * wsum, N);
+    const float beta = softmax_lanes(__fmul_rn(scale, wsum), N);
     for (int n = 0; n < N; ++n) {
       const float bn = __shfl_sync(0xffffffffu, beta, n);
       tape[n * kThreads] = tape_update(tape[n * kThreads], bn, u);
