@@ -368,3 +368,32 @@ def test_bench_tables_read_records():
     lines = bench.target_lines(recs, "E88h83n32", 16, 1920)
     assert "2.00 (target <= 1.5: not met)" in lines and "fla-gdn 2.00 ms" in lines
     assert bench.geometry(e88.ENTRIES[0], 1920)[:3] == (60, 32, 32)
+
+
+def test_layer_case_is_the_same_for_the_same_seed():
+    """The layer's initialisation is drawn from the harness's generator, so a parity seed names
+    one case on every run (and the global RNG is left as it was)."""
+    from elman.core.entry import Shape
+    from elman.families.matrix import inputs
+    from elman.variants import e88
+
+    shape = Shape(3, 2, 32, 2, 16, 16)
+    before = torch.random.get_rng_state()
+    a, b = (inputs.layer_case(e88._shape_layer({}, shape), shape, "cpu", torch.Generator().manual_seed(7))
+            for _ in range(2))
+    c = inputs.layer_case(e88._shape_layer({}, shape), shape, "cpu", torch.Generator().manual_seed(8))
+    assert torch.equal(torch.random.get_rng_state(), before)
+    assert a.inputs.keys() == b.inputs.keys()
+    assert all(torch.equal(a.inputs[k], b.inputs[k]) for k in a.inputs)
+    # another seed, another initialisation (beyond the 0.01-scale perturbation the case adds)
+    w = next(k for k, t in a.inputs.items() if t.dim() == 2 and k not in ("y", "h0"))
+    assert (a.inputs[w] - c.inputs[w]).abs().max() > 0.1
+
+
+def test_e88_marks_the_nol2_layer_case_conditioned():
+    from elman import registry
+    from elman.core.entry import Shape
+
+    cases = registry.get("E88").parity(Shape(3, 2, 32, 2, 16, 16), torch.float32, "cpu", torch.Generator().manual_seed(0))
+    flags = {c.impl: c.conditioned for c in cases if c.impl.startswith("cuda:layer")}
+    assert flags["cuda:layer[nol2]"] and not any(v for k, v in flags.items() if k != "cuda:layer[nol2]")

@@ -275,9 +275,11 @@ OPTION_GRID = {
     "none+nosilu": dict(decay_mode="none", use_silu=False),
     # without the L2 norm, |k|^2 > 2 makes S <- S - k k^T S expand; the decay keeps it bounded,
     # while with no decay either the tanh state runs chaotic and fp32 parts from fp64 within a
-    # few steps (a property of the configuration, not of a kernel)
+    # few steps (a property of the configuration, not of a kernel). Even with the decay its
+    # gradients amplify rounding: its parity is conditioned (CONDITIONED below).
     "nol2": dict(use_l2_norm=False),
 }
+CONDITIONED = ("nol2",)
 
 
 def _shape_layer(opts: dict, shape: Shape):
@@ -298,7 +300,7 @@ def _entry(name: str, opts: dict, aliases: tuple[str, ...] = ()):
         chapter="book/chapters/e88_nonlinear_matrix_memory.ipynb",
         layer_params=lambda dim, expansion=1.0: params(dim, expansion, **opts))
     if not opts:
-        return inputs.entry(**fields, layer_cases=_grid_cases,
+        return inputs.entry(**fields, layer_cases=_grid_cases, conditioned=CONDITIONED,
                             test_shapes=inputs.TEST_SHAPES + inputs.PAIR_SHAPES)
     H, n = opts["n_heads"], opts["n_state"]
     return inputs.entry(**fields, layer_cases=lambda shape: [("", _shape_layer(opts, shape))],

@@ -83,10 +83,15 @@ def core_cases(reference: Callable, cell: Callable, shape: Shape, device, genera
 
 
 def layer_case(layer: Callable[..., torch.nn.Module], shape: Shape, device, generator,
-               label: str = "") -> ParityCase:
+               label: str = "", conditioned: bool = False) -> ParityCase:
     """The whole layer at width shape.D: every parameter, y and h0 are inputs; the same
-    module runs on backend 'cuda' (fast) and 'reference'."""
-    module = layer(shape.D).to(device)
+    module runs on backend 'cuda' (fast) and 'reference'. The module's initialisation is
+    seeded from `generator`, so that a seed gives the same case on every run."""
+    seed = int(torch.randint(0, 2**62, (), generator=generator, device=generator.device))
+    with torch.random.fork_rng(devices=[]):
+        torch.random.default_generator.manual_seed(seed)
+        module = layer(shape.D)
+    module = module.to(device)
     names = [n for n, _ in module.named_parameters()]
     kw = dict(device=device, dtype=torch.float64, generator=generator)
     params = {n: p.detach().double().to(device) for n, p in module.named_parameters()}
@@ -101,14 +106,15 @@ def layer_case(layer: Callable[..., torch.nn.Module], shape: Shape, device, gene
 
     return ParityCase({"y": y, "h0": h0, **params}, lambda **a: run("cuda", **a),
                       lambda **a: run("reference", **a), ("out", "S_T"),
-                      "cuda:layer" + (f"[{label}]" if label else ""))
+                      "cuda:layer" + (f"[{label}]" if label else ""), conditioned)
 
 
 def entry(*, reference: Callable, cell: Callable, layer: Callable, layer_cases: Callable | None = None,
-          test_shapes=TEST_SHAPES, **fields) -> Entry:
+          test_shapes=TEST_SHAPES, conditioned: tuple[str, ...] = (), **fields) -> Entry:
     """The registry entry of a matrix variant. `cell(**reference inputs, group=g)` runs its core
     on the CUDA op; `layer_cases(shape)` gives [(label, layer factory(dim))] for the layer
-    comparisons at a shape (default: the entry's layer as registered)."""
+    comparisons at a shape (default: the entry's layer as registered); the labels in
+    `conditioned` are ill-conditioned configurations (ParityCase.conditioned)."""
     cases = layer_cases or (lambda shape: [("", layer)])
 
     def parity(shape: Shape, dtype, device, generator) -> list[ParityCase]:
@@ -118,7 +124,8 @@ def entry(*, reference: Callable, cell: Callable, layer: Callable, layer_cases: 
         # The layer cases run in fp32 only: in bf16 the harness rounds every parameter (A_log,
         # dt_bias, the projections) before the fast run, which measures that rounding, not a kernel.
         if shape.D > 1 and dtype == torch.float32:
-            out += [layer_case(f, shape, device, generator, label) for label, f in cases(shape)]
+            out += [layer_case(f, shape, device, generator, label, label in conditioned)
+                    for label, f in cases(shape)]
         return out
 
     defaults = dict(family="matrix", kind="variant", test_shapes=test_shapes, tolerance=TOLERANCE,
