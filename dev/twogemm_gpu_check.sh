@@ -9,8 +9,7 @@
 #
 # Output, in order: "== build" (build time), "== tests" (pytest's summary), "== trace" (median
 # ns of each phase of a low-rank forward step, dev/twogemm_trace.py), "== latency" (one
-# row per variant and size: forward / forward + backward us a step on each path (the low-rank
-# persistent forward in both designs: persistent = deferred, persistent-inline), auto with the
+# row per variant and size: forward / forward + backward us a step on each path, auto with the
 # path it took; then PASS / MISS / INFO lines and their count). The rows are also written to
 # $OUT/twogemm_latency.json when OUT is set.
 source "$(dirname "$0")/gpu_check.sh"
@@ -20,7 +19,7 @@ echo "== tests (pytest -m gpu tests/test_twogemm_gpu.py: persistent, paths, auto
 timeout 180 $PY -m pytest -q -m gpu -p no:cacheprovider tests/test_twogemm_gpu.py \
   -k "persistent or paths or auto or stage_kernels" 2>&1 | tail -25
 
-echo "== trace (low-rank forward phases, both designs)"
+echo "== trace (low-rank forward phases)"
 timeout 120 $PY dev/twogemm_trace.py --T 256
 
 echo "== latency"

@@ -2,9 +2,7 @@
 
 Each variant's cell is timed as its registry parity cases call it (input projections inside,
 every gradient in the backward) on every path the op runs at the size, and on `auto` (what a
-layer gets), at each (B, D); E1's cell likewise; the low-rank variants also on `persistent-inline` (the
-persistent forward's other design, op.FORWARD_DESIGNS; `persistent` and `auto` run the default,
-deferred). Then issue 24's targets as PASS / MISS lines:
+layer gets), at each (B, D); E1's cell likewise. Then issue 24's targets as PASS / MISS lines:
 E4 and E66 forward per step within 1.5x of E1's persistent step at equal (B, D); E23 (N = 8)
 at B = 4, D = 512 forward per step <= 3 us and within 3x of E1's persistent step, its backward
 (forward + backward minus forward) <= 2.5x its forward, on auto and on the persistent path
@@ -39,21 +37,7 @@ def _cases(name: str, B: int, D: int, T: int):
     fast = {c.impl[5:]: c.fast for c in cases}
     module = __import__(e.layer.__module__, fromlist=["cell"])  # the variant's module
     fast["auto"] = lambda **a: module.cell(**a, backend="cuda", path="auto")
-    if "persistent" in fast and name in ("E4", "E5", "E66", "E67lr"):  # the low-rank forward's designs
-        for design in op.FORWARD_DESIGNS[1:]:
-            fast[f"persistent-{design}"] = _with_design(fast["persistent"], design)
     return fast, leaves
-
-
-def _with_design(call, design: str):
-    """call with the low-rank persistent forward of `design` (op.FORWARD_DESIGNS)."""
-    def run(**a):
-        op.forward_design = design
-        try:
-            return call(**a)
-        finally:
-            op.forward_design = op.FORWARD_DESIGNS[0]
-    return run
 
 
 def _time(call, leaves: dict, reps: int) -> tuple[float, float]:
@@ -149,11 +133,6 @@ def _targets(rows: dict) -> list[str]:
                                  f"{name} B={B} D={D} auto ({auto['took']}) no slower than graph: "
                                  f"{auto['fwd_us']:.2f} vs {graph['fwd_us']:.2f} us forward, "
                                  f"{auto['fwdbwd_us']:.2f} vs {graph['fwdbwd_us']:.2f} fwd+bwd"))
-        for name in ("E4", "E5", "E66", "E67lr"):
-            new, old = rows.get((name, B, D, "persistent")), rows.get((name, B, D, "persistent-inline"))
-            if new and old:
-                out.append(f"INFO {name} B={B} D={D} persistent forward deferred {new['fwd_us']:.2f} us "
-                           f"vs inline {old['fwd_us']:.2f} us ({old['fwd_us'] / new['fwd_us']:.2f}x)")
     e1 = rows.get(("E1", 4, 512, "persistent"))
     for name in ("E23", "E23n32"):
         for path in ("auto", "persistent", "graph"):

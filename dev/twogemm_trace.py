@@ -1,14 +1,13 @@
 """Where a low-rank persistent forward step spends its time (bf16, GPU): the traced forward
 (persistent.cu, kTrace) records clock64 at six phase boundaries of every step in CTA 0; this
-prints the median ns of each phase per (design, mode, B, D), r = D / 4 (the parity rank).
+prints the median ns of each phase per (mode, B, D), r = D / 4 (the parity rank).
 
     python dev/twogemm_trace.py [--T 256]
 
-Columns: A+send (multiply, partials st.async'd), shadow (deferred: the previous step's outputs,
-the input copies, the gate; inline: 0, its copies are in A+send), wait (until every source's
-partials arrived), sum+bar (the rank-order sum, p to shared memory, the block barrier), B+stage
-(U p and the stage: the new state only when deferred; everything when inline), close (the block
-barrier that ends the step), step (their sum).
+Columns: A+send (multiply, partials st.async'd), shadow (while the partials travel: the
+previous step's outputs, the input copies, the gate), wait (until every source's partials
+arrived), sum+bar (the rank-order sum, p to shared memory, the block barrier), B+stage (U p and
+the new state), close (the block barrier that ends the step), step (their sum).
 """
 from __future__ import annotations
 
@@ -32,7 +31,7 @@ def _inputs(T: int, B: int, D: int, r: int) -> dict[str, torch.Tensor]:
     return {k: t.to(torch.bfloat16).contiguous() for k, t in x.items()}
 
 
-def trace(mode: int, x: dict, design: int) -> list[float]:
+def trace(mode: int, x: dict) -> list[float]:
     """Median ns of each phase over steps 8..T-1 (and the step), from one traced run."""
     ext = op._ext()
     T, B, D = x["a"].shape
@@ -44,7 +43,7 @@ def trace(mode: int, x: dict, design: int) -> list[float]:
     buf = torch.zeros(T * P + 4, dtype=torch.int64, device="cuda")
     for _ in range(2):  # the second run is recorded (the first loads the kernel)
         ext.lowrank_persistent_forward(mode, *(x[k] for k in ("a", "c", "u", "v", "b", "h0")),
-                                       out, h_all, p_all, aux, design, buf)
+                                       out, h_all, p_all, aux, buf)
     torch.cuda.synchronize()
     c0, n0, c1, n1 = buf[T * P:].tolist()
     ns_per_clock = (n1 - n0) / (c1 - c0)
@@ -61,15 +60,12 @@ def main() -> None:
     ap.add_argument("--T", type=int, default=256)
     args = ap.parse_args()
     print(f"median ns per phase of a forward step (T = {args.T}, r = D / 4, CTA 0)")
-    print(f"{'design':9s} {'mode':12s} {'B':>3s} {'D':>5s} " + " ".join(f"{n:>8s}" for n in NAMES)
-          + f" {'step':>8s}")
+    print(f"{'mode':12s} {'B':>3s} {'D':>5s} " + " ".join(f"{n:>8s}" for n in NAMES) + f" {'step':>8s}")
     for B, D in SIZES:
         x = _inputs(args.T, B, D, D // 4)
         for mode_name, mode in sorted(stages.MODES.items(), key=lambda kv: kv[1]):
-            for design, dname in enumerate(op.FORWARD_DESIGNS):
-                ns = trace(mode, x, design)
-                print(f"{dname:9s} {mode_name:12s} {B:3d} {D:5d} " +
-                      " ".join(f"{v:8.0f}" for v in ns), flush=True)
+            ns = trace(mode, x)
+            print(f"{mode_name:12s} {B:3d} {D:5d} " + " ".join(f"{v:8.0f}" for v in ns), flush=True)
 
 
 if __name__ == "__main__":

@@ -471,22 +471,21 @@ def test_tape_op_persistent_wiring(monkeypatch, T, K):
         assert rel_error(a, b) < 1e-5, name
 
 
-@pytest.mark.parametrize("design", ["deferred", "inline"])
 @pytest.mark.parametrize("T", [0, 1, 2, 3, 4, 5, 9, 33])
-def test_lowrank_forward_step_order(design, T):
-    """Both forward designs of the low-rank persistent kernel (persistent.cu) read each step's
-    staged inputs only once every thread's copies are visible, refill a ring slot only after
-    its last read, and store each step's outputs once, after its state (kLead = 3)."""
+def test_lowrank_forward_step_order(T):
+    """The low-rank persistent forward (persistent.cu) reads each step's staged inputs only
+    once every thread's copies are visible, refills a ring slot only after its last read, and
+    stores each step's outputs once, after its state (kLead = 3)."""
     from elman.families.twogemm import schedule
-    schedule.check_lowrank_forward_events(schedule.lowrank_forward_events(T, 3, design), T, 3)
+    schedule.check_lowrank_forward_events(schedule.lowrank_forward_events(T, 3), T, 3)
 
 
 def test_lowrank_forward_step_order_check_catches_races():
-    """The check fails on orders with a race: the deferred design waiting one step too little,
-    and an output stored before its state."""
+    """The check fails on orders with a race: the forward waiting one step too little, and an
+    output stored before its state."""
     from elman.families.twogemm import schedule
     T, lead = 6, 3
-    ev = schedule.lowrank_forward_events(T, lead, "deferred")
+    ev = schedule.lowrank_forward_events(T, lead)
     late = [("wait", lead) if e == ("wait", lead - 1) else e for e in ev]
     with pytest.raises(AssertionError, match="visible"):
         schedule.check_lowrank_forward_events(late, T, lead)

@@ -367,7 +367,7 @@ def test_tape_persistent_interval_fits_n32():
     assert all(torch.isfinite(t.grad).all() for t in x.values())
 
 
-def _lowrank_forward_raw(mode: int, x: dict, design: int, traced: bool):
+def _lowrank_forward_raw(mode: int, x: dict, traced: bool):
     """The persistent forward through the extension on bf16 inputs x: its outputs (poisoned
     with NaN before the launch) and the trace (or None)."""
     ext = op._ext()
@@ -381,24 +381,25 @@ def _lowrank_forward_raw(mode: int, x: dict, design: int, traced: bool):
     trace = (torch.zeros(T * ext.lowrank_trace_phases + 4, dtype=torch.int64, device="cuda")
              if traced else None)
     ext.lowrank_persistent_forward(mode, *(x[k] for k in ("a", "c", "u", "v", "b", "h0")), out,
-                                   h_all, p_all, aux, design, trace)
+                                   h_all, p_all, aux, trace)
     torch.cuda.synchronize()
     return [t for t in (out, h_all, p_all, aux) if t is not None], trace
 
 
 @pytest.mark.parametrize("mode", sorted(stages.MODES))
 @pytest.mark.parametrize("T,B,D,r", PERSISTENT_EDGES)
-def test_lowrank_persistent_designs_bitwise(mode, T, B, D, r):
-    """The deferred and inline forwards (op.FORWARD_DESIGNS), traced or not, write the same
-    bits: out, h_all, p_all and aux (NaN-poisoned before, so an unwritten element differs)."""
+def test_lowrank_persistent_traced_same_bits(mode, T, B, D, r):
+    """The traced forward (its own instantiation) writes the same bits as the untraced one,
+    and the untraced one the same bits on a second run: out, h_all, p_all and aux
+    (NaN-poisoned before, so an unwritten element differs)."""
     x = {k: t.to(torch.bfloat16).contiguous()
          for k, t in _lowrank_inputs(T, B, D, r, seed=T + B + D + r).items()}
     m = stages.MODES[mode]
-    ref, _ = _lowrank_forward_raw(m, x, 1, False)
-    for design, traced in ((0, False), (0, True), (1, True)):
-        got, trace = _lowrank_forward_raw(m, x, design, traced)
+    ref, _ = _lowrank_forward_raw(m, x, False)
+    for traced in (False, True):
+        got, _ = _lowrank_forward_raw(m, x, traced)
         for name, a, b in zip(("out", "h_all", "p_all", "aux"), got, ref):
-            assert torch.equal(a, b), (design, traced, name)
+            assert torch.equal(a, b), (traced, name)
 
 
 def test_lowrank_persistent_trace_is_ordered():
@@ -407,34 +408,21 @@ def test_lowrank_persistent_trace_is_ordered():
     T, B, D, r = 16, 4, 512, 128
     x = {k: t.to(torch.bfloat16).contiguous() for k, t in _lowrank_inputs(T, B, D, r).items()}
     P = op._ext().lowrank_trace_phases
-    for design in (0, 1):
-        _, trace = _lowrank_forward_raw(0, x, design, True)
-        steps = trace[:T * P].view(T, P).cpu()
-        assert (steps.diff(dim=1) >= 0).all() and (steps[1:, 0] >= steps[:-1, -1]).all()
-        start, start_ns, end, end_ns = trace[T * P:].tolist()
-        assert start <= steps[0, 0] and end >= steps[-1, -1] and end_ns > start_ns
+    _, trace = _lowrank_forward_raw(0, x, True)
+    steps = trace[:T * P].view(T, P).cpu()
+    assert (steps.diff(dim=1) >= 0).all() and (steps[1:, 0] >= steps[:-1, -1]).all()
+    start, start_ns, end, end_ns = trace[T * P:].tolist()
+    assert start <= steps[0, 0] and end >= steps[-1, -1] and end_ns > start_ns
 
 
-def test_lowrank_persistent_forward_design_selected_and_checked():
-    """op.forward_design picks the kernel (the same results); a bad design or trace raises."""
-    x = {k: t.to(torch.bfloat16) for k, t in _lowrank_inputs(5, 3, 256, 64).items()}
-    outs = {}
-    for design in op.FORWARD_DESIGNS:
-        op.forward_design = design
-        try:
-            outs[design] = op.lowrank_cell("gated_tanh", **x, path="persistent")
-        finally:
-            op.forward_design = "deferred"
-    assert all(torch.equal(a, b) for a, b in zip(*outs.values()))
-    xc = {k: t.contiguous() for k, t in x.items()}
-    with pytest.raises(ValueError, match="design"):
-        _lowrank_forward_raw(1, xc, 2, False)
+def test_lowrank_persistent_trace_checked():
+    """A trace buffer of the wrong size raises before the launch."""
+    x = {k: t.to(torch.bfloat16).contiguous() for k, t in _lowrank_inputs(5, 3, 256, 64).items()}
     ext = op._ext()
     bad = torch.zeros(3, dtype=torch.int64, device="cuda")
-    outs = [torch.empty(5, 3, 256, dtype=torch.bfloat16, device="cuda") for _ in range(3)]
+    out = torch.empty(5, 3, 256, dtype=torch.bfloat16, device="cuda")
     with pytest.raises(ValueError, match="trace"):
-        ext.lowrank_persistent_forward(0, *(xc[k] for k in ("a", "c", "u", "v", "b", "h0")),
-                                       outs[0], torch.empty(6, 3, 256, dtype=torch.bfloat16,
-                                                            device="cuda"),
+        ext.lowrank_persistent_forward(0, *(x[k] for k in ("a", "c", "u", "v", "b", "h0")), out,
+                                       torch.empty(6, 3, 256, dtype=torch.bfloat16, device="cuda"),
                                        torch.empty(5, 3, 64, dtype=torch.bfloat16, device="cuda"),
-                                       None, 0, bad)
+                                       None, bad)

@@ -243,10 +243,8 @@ void lowrank_persistent_forward(int64_t mode, const at::Tensor& a, const at::Ten
                                 const at::Tensor& u, const at::Tensor& v, const at::Tensor& b,
                                 const at::Tensor& h0, at::Tensor& out, at::Tensor& h_all,
                                 at::Tensor& p_all, const c10::optional<at::Tensor>& aux,
-                                int64_t design, const c10::optional<at::Tensor>& trace) {
+                                const c10::optional<at::Tensor>& trace) {
   check_mode(mode);
-  if (design < 0 || design >= elman::kLowRankForwardDesigns)
-    value_error("design must be 0 (deferred) or 1 (inline), got " + num(design));
   const auto check = elman::check::leading(a, "a", 3, "[T, B, D]", {at::kFloat, at::kBFloat16});
   const int64_t T = a.size(0), B = a.size(1), D = a.size(2);
   const int64_t r = checked_rank(check, c, u, v, T, B, D);
@@ -266,7 +264,6 @@ void lowrank_persistent_forward(int64_t mode, const at::Tensor& a, const at::Ten
   args.b = b.data_ptr(); args.h0 = h0.data_ptr(); args.out = out.data_ptr();
   args.h_all = h_all.data_ptr(); args.p_all = p_all.data_ptr();
   args.aux = mode != elman::kTanhGate ? aux->data_ptr() : nullptr;
-  args.design = int(design);
   if (trace.has_value()) {
     const int64_t n = T * elman::kLowRankTracePhases + 4;
     if (trace->scalar_type() != at::kLong || !trace->is_cuda() || !trace->is_contiguous() ||
@@ -452,8 +449,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("lowrank_persistent_supported", &lowrank_persistent_supported);
   m.def("lowrank_persistent_forward", &lowrank_persistent_forward, py::arg("mode"), py::arg("a"),
         py::arg("c"), py::arg("u"), py::arg("v"), py::arg("b"), py::arg("h0"), py::arg("out"),
-        py::arg("h_all"), py::arg("p_all"), py::arg("aux"), py::arg("design") = 0,
-        py::arg("trace") = py::none());
+        py::arg("h_all"), py::arg("p_all"), py::arg("aux"), py::arg("trace") = py::none());
   m.attr("lowrank_trace_phases") = elman::kLowRankTracePhases;
   m.def("lowrank_persistent_backward", &lowrank_persistent_backward);
   m.def("tape_persistent_supported", &tape_persistent_supported);

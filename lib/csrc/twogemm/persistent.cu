@@ -4,37 +4,33 @@
 // I_c = [c S, c S + S) with S = 64 or 128 (rows beyond D are zeros). Both factor slices stay
 // in registers for the whole sequence as mma.sync A fragments (forward: V[:, I_c] as an
 // r x S tile and U[I_c, :] as S x r; backward their transposes), the rank padded to
-// 16, 32, 64, 128 or 256. A forward step is
+// 16, 32, 64, 128 or 256. A forward step t is
 //   A. warp w (of 8) multiplies its 16-row tiles w, w + 8 of V[:, I_c] by h_{t-1}[I_c] (bf16
 //      in shared memory, mma m16n8k16, fp32 accumulate): this CTA's partial of p = V h_{t-1};
 //   X. each lane rounds its accumulators to bf16 and st.async's them (8 bytes) into the same
 //      slot of every CTA of the cluster, counted on the receiver's mbarrier: only the r-wide
 //      partials cross the cluster, never a D-wide state, and no cluster barrier runs per step;
-//   R. warp w waits for its tiles from every source and sums them in rank order (so every
-//      CTA holds the same p, bitwise), rounds p to bf16 (as the per-step path stores it) into
-//      shared memory; CTA 0 stores it for dU;
-//   B. after a block barrier, warp w < S / 16 multiplies its 16 rows of U[I_c, :] by p and
-//      applies the stage (stage.cuh) to its accumulators: each lane owns 4 (row, column)
-//      elements for the whole sequence, h_{t-1} of them in registers; h_t goes to shared
-//      memory (bf16) and, after a second block barrier, into the next step's A.
-// That is the inline forward (design 1). The deferred forward (design 0, the default) runs the
-// same arithmetic in another order, so that only what the next step needs stays between the
-// exchange and the closing barrier:
-//   after X, while the partials travel: the outputs of step t - 1 (out, aux, h_t-1 to global
+//   S. while the partials travel: the outputs of step t - 1 (out, aux, h_{t-1} to global
 //      memory, from registers), the input copies of step t + kLead, and the part of the stage
 //      that reads only step t's inputs (the gate: silu(c) or sigmoid(c), and a);
-//   R: all C sources' tiles are loaded before they are summed (in rank order, as inline);
-//   B: the product and the new state only (one transcendental per element; the mode is a
-//      template parameter, so the four elements of a lane interleave);
-// step t + 1's inputs are waited for before the closing barrier, which makes them visible.
-// Both designs give the same bits. The traced forward (kTrace) records clock64 at the phase
-// boundaries of every step in CTA 0 (kLowRankTracePhases; for the inline design phase 2 equals 1).
+//   R. warp w waits for its tiles from every source, loads all C of them, then sums them in
+//      rank order (so every CTA holds the same p, bitwise) and rounds p to bf16 (as the
+//      per-step path stores it) into shared memory; CTA 0 stores it for dU;
+//   B. after a block barrier, warp w < S / 16 multiplies its 16 rows of U[I_c, :] by p and
+//      computes the new state only (one transcendental per element; the mode is a template
+//      parameter, so the four elements of a lane interleave): each lane owns 4 (row, column)
+//      elements for the whole sequence, h_{t-1} of them in registers; h_t goes to shared
+//      memory (bf16); step t + 1's inputs are waited for before the closing block barrier,
+//      which makes them and h_t visible to the next step's A.
+// Only what the next step needs runs between the exchange and the closing barrier. The traced
+// forward (kTrace) records clock64 at the phase boundaries of every step in CTA 0
+// (kLowRankTracePhases).
 // The backward runs the same machine on (U^T, V^T): the stage's gradient gives d_pre on
 // I_c, A/X/R give dp = d_pre U (r wide), B gives g_{t-1}[I_c] = direct + (dp V)[I_c], kept in
 // fp32 registers.
 // Per-step inputs ([T][B][D] slices of this CTA's rows) are staged kLead steps ahead by
-// cp.async in a ring of shared-memory buffers; the block barrier before B (forward) or before
-// the stage gradient (backward) makes each step's copies visible.
+// cp.async in a ring of shared-memory buffers; the closing block barrier of the previous step
+// makes each step's copies visible (forward and backward).
 // Exchange safety: a receive buffer and its mbarrier are double (step t uses t % 2). A source
 // writes step t + 2's partials into buffer t % 2 of a receiver only after it summed step
 // t + 1, which needs the receiver's step t + 1 partial, which the receiver sends only after
@@ -108,10 +104,6 @@ struct Layout {
   static int bytes(int cluster) { return kRecvOff + 2 * cluster * R16 * kTileBytes; }
   static_assert(kXOff % 16 == 0 && kPOff % 16 == 0 && kStageOff % 16 == 0 && kRecvOff % 16 == 0,
                 "16-byte aligned regions (cp.async destinations)");
-};
-
-struct Nothing {
-  __device__ void operator()() const {}
 };
 
 // The CTA's place and its shared memory.
@@ -222,11 +214,10 @@ struct Cta {
 
   // R: this warp's tiles summed over the sources in rank order, rounded to bf16 into p;
   // CTA 0 stores the live values to dst ([B][r] plane of this step).
-  template <int AM, class Arrived = Nothing>
-  __device__ void reduce(int buf, int phase, int rank_r, bf16* dst, Arrived arrived = {}) const {
+  template <int AM>
+  __device__ void reduce(int buf, int phase, int rank_r, bf16* dst) const {
     if (warp >= R16()) return;
     mbar_wait(&bar()[buf], uint32_t(phase));
-    arrived();
 #pragma unroll
     for (int j = 0; j < AM; ++j) {
       const int tile = warp + j * kWarps;
@@ -249,7 +240,8 @@ struct Cta {
     }
   }
 
-  // R as `reduce`, with every source's tile loaded before the sum (the same rank order).
+  // R as `reduce`, with every source's tile loaded before the sum (the same rank order);
+  // `arrived()` runs once the tiles are in.
   template <int AM, class Arrived>
   __device__ void reduce_loaded(int buf, int phase, int rank_r, bf16* dst, Arrived arrived) const {
     if (warp >= R16()) return;
@@ -297,105 +289,9 @@ struct Cta {
   }
 };
 
-template <int KA, int R16, bool kTrace>
-__device__ __forceinline__ void forward_inline(const LowRankPersistent& a) {
-  using L = Layout<KA, R16, false>;
-  cg::cluster_group cluster = cg::this_cluster();
-  extern __shared__ __align__(16) unsigned char smem[];
-  const Cta<L> cta(smem, cluster, a.batch);
-  const int D = a.dim, B = a.batch, r = a.rank, T = a.steps, mode = a.mode;
-  const size_t BD = size_t(B) * D;
-  const bf16* u = static_cast<const bf16*>(a.u);
-  const bf16* v = static_cast<const bf16*>(a.v);
-  const bf16* av = static_cast<const bf16*>(a.a);
-  const bf16* cv = static_cast<const bf16*>(a.c);
-  const bf16* h0 = static_cast<const bf16*>(a.h0);
-  bf16* out = static_cast<bf16*>(a.out);
-  bf16* h_all = static_cast<bf16*>(a.h_all);
-  bf16* p_all = static_cast<bf16*>(a.p_all);
-  bf16* aux = static_cast<bf16*>(a.aux);
-  const bf16 zero = __float2bfloat16_rn(0.f);
-  cta.init();
-  auto inputs = [&](int t) {
-    return [=](int k) -> const bf16* { return (k == 0 ? av : cv) + size_t(t) * BD; };
-  };
-  for (int i = 0; i < kLead; ++i) cta.stage_inputs(i, i >= T, B, D, inputs(i));
-
-  // A: V[m][row0 + k]; B: U[row0 + m][k].
-  uint32_t wa[L::kAM][KA][4];
-  uint32_t wb[1][R16][4];
-  const int row0 = cta.row0;
-  load_frags(wa, cta.warp, kWarps, R16, [&](int m, int k) {
-    return m < r && row0 + k < D ? v[size_t(m) * D + row0 + k] : zero;
-  });
-  load_frags(wb, cta.warp, kWarps, KA, [&](int m, int k) {
-    return k < r && row0 + m < D ? u[size_t(row0 + m) * r + k] : zero;
-  });
-
-  for (int o = int(threadIdx.x); o < kBc * L::S; o += kThreads) {
-    const int n = o / L::S, i = o % L::S;
-    const bool live = n < cta.nb && row0 + i < D;
-    const size_t idx = size_t(cta.col0 + n) * D + row0 + i;
-    cta.x()[n * L::kX + i] = live ? h0[idx] : zero;
-    if (live) h_all[idx] = h0[idx];
-  }
-  const bool epi = cta.warp < KA;  // this warp owns 16 rows in B and the stage
-  float hreg[4], bias[4];
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    const bool live = epi && cta.live(e, D);
-    const size_t idx = size_t(cta.col0 + cta.elem_col(e)) * D + row0 + cta.elem_row(e);
-    hreg[e] = live ? __bfloat162float(h0[idx]) : 0.f;
-    bias[e] = live ? __bfloat162float(static_cast<const bf16*>(a.b)[row0 + cta.elem_row(e)]) : 0.f;
-  }
-  __syncthreads();
-  cluster.sync();  // mbarriers initialised and receive buffers zeroed in every CTA
-  stamp<kTrace>(a, 0);
-
-  for (int t = 0; t < T; ++t) {
-    const int buf = t & 1;
-    mark<kTrace>(a, t, 0);
-    if (threadIdx.x == 0) mbar_expect(&cta.bar()[buf], cta.exchange_bytes());
-    cta.stage_inputs(t + kLead, t + kLead >= T, B, D, inputs(t + kLead));
-    cta.multiply_and_send(wa, buf);
-    mark<kTrace>(a, t, 1);
-    mark<kTrace>(a, t, 2);
-    cta.template reduce<L::kAM>(buf, (t >> 1) & 1, r, p_all + size_t(t) * B * r,
-                                [&] { mark<kTrace>(a, t, 3); });
-    Cta<L>::template wait_inputs<kLead>();  // step t's inputs landed (this thread's copies)
-    __syncthreads();                        // p complete; every thread's copies visible
-    mark<kTrace>(a, t, 4);
-    if (epi) {
-      float qv[4];
-      cta.multiply_p(wb[0], qv);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int n = cta.elem_col(e), i = cta.elem_row(e);
-        const bool live = cta.live(e, D);
-        const float pre = cta.staged(t, 0, e) + qv[e] + bias[e];
-        const StageOut so = lowrank_stage(mode, pre, cta.staged(t, 1, e), hreg[e]);
-        const bf16 hb = __float2bfloat16_rn(so.h);
-        hreg[e] = live ? __bfloat162float(hb) : 0.f;
-        cta.x()[n * L::kX + i] = live ? hb : zero;
-        if (live) {
-          const size_t idx = size_t(t) * BD + size_t(cta.col0 + n) * D + row0 + i;
-          h_all[idx + BD] = hb;
-          out[idx] = __float2bfloat16_rn(so.out);
-          if (mode != kTanhGate) aux[idx] = __float2bfloat16_rn(so.aux);
-        }
-      }
-    }
-    mark<kTrace>(a, t, 5);
-    __syncthreads();  // h_t complete for the next step's A; staged slot t free
-  }
-  stamp<kTrace>(a, 1);
-  cluster.sync();  // no CTA leaves while an exchange into it may be in flight
-}
-
-// The deferred forward (header comment): the inline forward's arithmetic, with step t - 1's
-// outputs and step t's input-only stage terms in the shadow of step t's exchange.
+// The forward of one stage mode (header comment).
 template <int KA, int R16, int kMode, bool kTrace>
-__device__ __forceinline__ void forward_deferred(const LowRankPersistent& a) {
+__device__ __forceinline__ void forward(const LowRankPersistent& a) {
   using L = Layout<KA, R16, false>;
   cg::cluster_group cluster = cg::this_cluster();
   extern __shared__ __align__(16) unsigned char smem[];
@@ -510,16 +406,12 @@ __device__ __forceinline__ void forward_deferred(const LowRankPersistent& a) {
   cluster.sync();  // no CTA leaves while an exchange into it may be in flight
 }
 
-// Design 0: deferred (one instantiation per mode), 1: inline.
-template <int KA, int R16, bool kDeferred, bool kTrace>
+// One instantiation per mode, chosen per launch.
+template <int KA, int R16, bool kTrace>
 __global__ void __launch_bounds__(kThreads, 1) forward_kernel(LowRankPersistent a) {
-  if constexpr (kDeferred) {
-    if (a.mode == kTanhGate) forward_deferred<KA, R16, kTanhGate, kTrace>(a);
-    else if (a.mode == kGatedTanh) forward_deferred<KA, R16, kGatedTanh, kTrace>(a);
-    else forward_deferred<KA, R16, kGatedAlpha, kTrace>(a);
-  } else {
-    forward_inline<KA, R16, kTrace>(a);
-  }
+  if (a.mode == kTanhGate) forward<KA, R16, kTanhGate, kTrace>(a);
+  else if (a.mode == kGatedTanh) forward<KA, R16, kGatedTanh, kTrace>(a);
+  else forward<KA, R16, kGatedAlpha, kTrace>(a);
 }
 
 template <int KA, int R16>
@@ -640,14 +532,12 @@ int rank_tiles(int rank) {
   return 0;
 }
 
-// The backward, or the forward of `design` (0 deferred, 1 inline), traced or not.
-Kernel pick(int ka, int r16, bool backward, int design = 0, bool traced = false) {
-#define ELMAN_CASE(KA, R16)                                                              \
-  if (ka == KA && r16 == R16) {                                                          \
-    if (backward) return backward_kernel<KA, R16>;                                       \
-    if (design == 0) return traced ? forward_kernel<KA, R16, true, true>                 \
-                                   : forward_kernel<KA, R16, true, false>;               \
-    return traced ? forward_kernel<KA, R16, false, true> : forward_kernel<KA, R16, false, false>; \
+// The backward, or the forward, traced or not.
+Kernel pick(int ka, int r16, bool backward, bool traced = false) {
+#define ELMAN_CASE(KA, R16)                                                                     \
+  if (ka == KA && r16 == R16) {                                                                 \
+    if (backward) return backward_kernel<KA, R16>;                                              \
+    return traced ? forward_kernel<KA, R16, true> : forward_kernel<KA, R16, false>;             \
   }
   ELMAN_CASE(4, 1) ELMAN_CASE(4, 2) ELMAN_CASE(4, 4) ELMAN_CASE(4, 8) ELMAN_CASE(4, 16)
   ELMAN_CASE(8, 1) ELMAN_CASE(8, 2) ELMAN_CASE(8, 4) ELMAN_CASE(8, 8) ELMAN_CASE(8, 16)
@@ -717,8 +607,7 @@ LowRankPlan lowrank_persistent_plan(int batch, int dim, int rank, bool bf16) {
 
 template <typename T>
 cudaError_t lowrank_persistent_forward(const LowRankPlan& plan, const LowRankPersistent& a) {
-  if (a.design < 0 || a.design >= kLowRankForwardDesigns) return cudaErrorInvalidValue;
-  Kernel k = pick(plan.ka, plan.r16, false, a.design, a.trace != nullptr);
+  Kernel k = pick(plan.ka, plan.r16, false, a.trace != nullptr);
   if (k == nullptr) return cudaErrorInvalidValue;
   if (!cluster_fits(k, plan.cluster, plan.smem)) return cudaErrorInvalidConfiguration;
   return launch_clusters(k, plan, a);

@@ -36,7 +36,7 @@ __device__ __forceinline__ StageOut lowrank_stage(int mode, float pre, float c, 
 }
 
 // The same forward stage in three pieces, for a kernel that computes the new state first and
-// the outputs later (persistent.cu's deferred forward); the arithmetic is lowrank_stage's.
+// the outputs later (persistent.cu's forward); the arithmetic is lowrank_stage's.
 // The gate: the part that reads only c (tanh_gate silu(c), gated_tanh sigmoid(c)).
 template <int kMode>
 __device__ __forceinline__ float lowrank_gate(float c) {

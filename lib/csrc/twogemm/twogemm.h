@@ -62,8 +62,6 @@ namespace elman {
 // rows [c S, c S + S), S = 64 or 128, with its slices of U and V in registers. Per step the
 // CTAs exchange only r-wide partial sums, through st.async and mbarriers (persistent.cu).
 constexpr int kPersistentColumns = 8;
-// Forward designs (persistent.cu): 0 deferred (the default), 1 inline (the same bits).
-constexpr int kLowRankForwardDesigns = 2;
 // clock64 stamps per step of a traced forward (persistent.cu names the phases).
 constexpr int kLowRankTracePhases = 6;
 
@@ -85,7 +83,6 @@ struct LowRankPersistent {
   void* d_c;            // backward: [T][B][D]
   void* dp_all;         // backward: d_pre U [T][B][r]
   void* dh0;            // backward: [B][D]
-  int design;           // forward: 0 deferred, 1 inline
   long long* trace;     // forward, optional: [T * kLowRankTracePhases + 4] (the traced kernel)
   cudaStream_t stream;
 };

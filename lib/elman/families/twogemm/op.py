@@ -51,11 +51,6 @@ DTYPES = (torch.float32, torch.bfloat16)
 MAX_SLOTS = 256  # the tape kernels keep one score per slot in shared memory
 GRAPH_CACHE_SIZE = 8
 last_path: dict[str, str] = {}
-# The low-rank persistent forward's designs (persistent.cu), the same bits: "deferred" stores a
-# step's outputs while the next step's partials travel; "inline" stores them before the
-# step's last block barrier. Benchmarks set `forward_design` to compare them.
-FORWARD_DESIGNS = ("deferred", "inline")
-forward_design = "deferred"
 
 
 def _ext():
@@ -211,8 +206,7 @@ class LowRankCell(torch.autograd.Function):
         def loop(**kw):
             lowrank_forward_loop(st, mode, **{"aux": None, **kw})
         if path == "persistent":
-            _ext().lowrank_persistent_forward(mode, a, c, u, v, b, h0, out, h_all, p_all, aux,
-                                              FORWARD_DESIGNS.index(forward_design))
+            _ext().lowrank_persistent_forward(mode, a, c, u, v, b, h0, out, h_all, p_all, aux)
         else:
             _run(path, "lowrank_forward", mode, loop, args, outs)
         ctx.save_for_backward(c, u, v, h_all, p_all, aux)

@@ -208,29 +208,21 @@ def tape_backward(x, z, w_x, w_h, w_wr, w_all, u_all, alpha_all, beta_all, ckpt,
     return dx, d_z, dw_x, dw_h, dw_wr, dp2.sum(0), dh0, d_tape0
 
 
-# ---- the low-rank forward's step order (persistent.cu: the deferred and inline designs) -------
-def lowrank_forward_events(T: int, lead: int, design: str) -> list[tuple[str, int]]:
+# ---- the low-rank forward's step order (persistent.cu) ---------------------------------------
+def lowrank_forward_events(T: int, lead: int) -> list[tuple[str, int]]:
     """One CTA's forward as the kernel orders it, for the input ring (`lead` steps ahead in
     lead + 1 slots, one cp.async group a step) and the outputs: ("issue", s) stages step s's
     inputs (an empty group where s >= T), ("wait", k) waits until at most k groups are pending,
     ("barrier", -1) is a block barrier, ("read", t) reads step t's staged inputs, ("state", t)
-    writes h_t, ("store", t) stores step t's outputs. "deferred" stores step t - 1's outputs and
-    reads step t's inputs while step t's partials travel, and waits for step t + 1's inputs
-    before the closing barrier; "inline" does both after the barrier that completes p."""
+    writes h_t, ("store", t) stores step t's outputs. While step t's partials travel it stores
+    step t - 1's outputs and reads step t's inputs; it waits for step t + 1's inputs before the
+    closing barrier."""
     ev: list[tuple[str, int]] = [("issue", s) for s in range(lead)]
-    if design == "deferred":
-        ev += [("wait", lead - 1), ("barrier", -1)]
-        for t in range(T):
-            ev += [("issue", t + lead)] + ([("store", t - 1)] if t else [])
-            ev += [("read", t), ("barrier", -1), ("state", t), ("wait", lead - 1), ("barrier", -1)]
-        return ev + ([("store", T - 1)] if T else [])
-    if design != "inline":
-        raise ValueError(f"unknown design {design!r}")
-    ev += [("barrier", -1)]
+    ev += [("wait", lead - 1), ("barrier", -1)]
     for t in range(T):
-        ev += [("issue", t + lead), ("wait", lead), ("barrier", -1), ("read", t), ("state", t),
-               ("store", t), ("barrier", -1)]
-    return ev
+        ev += [("issue", t + lead)] + ([("store", t - 1)] if t else [])
+        ev += [("read", t), ("barrier", -1), ("state", t), ("wait", lead - 1), ("barrier", -1)]
+    return ev + ([("store", T - 1)] if T else [])
 
 
 def check_lowrank_forward_events(ev: list[tuple[str, int]], T: int, lead: int) -> None:
