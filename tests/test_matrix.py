@@ -235,8 +235,8 @@ def test_layouts_resolve():
     assert bench.impl_name(0, 32, 32, 16) == "cuda:matrix:warp:slots16"
     assert bench.impl_name(op.TILED, 32, 32) == "cuda:matrix:tiled" and bench.impl_name(4, 32, 32, 3) == "cuda:matrix:G4"
     assert bench.impl_name(op.RING, 32, 32, 4) == "cuda:matrix:ring:slots4"
-    assert bench.layouts(32, 32, 16) == [(0, 0), (0, 16), (op.RING, 0), (op.TILED, 0), (op.COLUMNS, 0)]
-    assert bench.layouts(128, 128, 16) == [(0, 0), (op.COLUMNS, 0)]
+    assert bench.layouts(32, 32) == [op.WARP, op.RING, op.TILED, op.COLUMNS]
+    assert bench.layouts(32, 64) == [op.TILED, op.COLUMNS] and bench.layouts(128, 128) == [op.COLUMNS]
 
 
 class _BackwardOrder:
