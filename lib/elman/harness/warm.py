@@ -69,6 +69,9 @@ UNGUARDED = "triton-unguarded"
 # The calls of the stages that are not in the registry: the Baselines chapter's layer check
 # (fp32, no autocast) and the GPU tests' layers (tests/test_baselines_gpu.py).
 CHAPTER_LAYER = (512, 4, 512, 1.0)               # (T, B, D, expansion)
+# The E88 chapter's bf16 layers: mamba2 and fla-gdn beside the 480M E88 (B = 16, d = 1920) and
+# fla-gdn at its training-step shape (d = 1792, e = 2), as (T, B, D, expansion, levels).
+E88_CHAPTER_LAYERS = ((512, 16, 1920, 1.0, LEVELS), (512, 16, 1792, 2.0, ("fla-gdn",)))
 TEST_LAYER = (100, 2, 256, 2.0)
 TEST_GDN_PARITY = (130, 2, 256)
 OOM_RETRIES = 4
@@ -128,9 +131,10 @@ def _group_jobs(group: str, levels: tuple[str, ...]) -> list[Job]:
             mode = UNGUARDED if UNGUARDED in gdn.VERIFY_MODES else None
             out += [Job("parity", level, dt, T, B, D, e, mode=mode)
                     for dt in gdn.VERIFY_DTYPES for T, B, D, e in gdn.VERIFY_SHAPES]
-        elif group == "chapters":   # the Baselines chapter's layer check on the GPU (fp32)
+        elif group == "chapters":   # the Baselines chapter's layer check (fp32), the E88 chapter's layers
             T, B, D, e = CHAPTER_LAYER
             out.append(Job("layer", level, "float32", T, B, D, e))
+            out += [Job("layer", level, "bfloat16", *shape) for *shape, of in E88_CHAPTER_LAYERS if level in of]
         elif group == "tests":      # tests/test_baselines_gpu.py outside its parity tests
             T, B, D, e = TEST_LAYER
             out += [Job("layer", level, "float32", T, B, D, e),
@@ -376,7 +380,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"{WORKER_GIB} GiB of GPU memory)")
     p.add_argument("--groups", nargs="+", default=list(GROUPS), choices=GROUPS,
                    help="the later stages to compile for: verify (scripts/verify_gdn.py), parity "
-                        "(elman parity), bench (elman bench), chapters (the Baselines chapter), "
+                        "(elman parity), bench (elman bench), chapters (the Baselines and E88 chapters), "
                         "tests (tests/test_baselines_gpu.py); default all")
     p.add_argument("--levels", nargs="+", default=list(LEVELS), choices=LEVELS)
     p.add_argument("--dry-run", action="store_true", help="list the jobs and run nothing")
