@@ -108,7 +108,8 @@ warm_stage() {
   { has gdn || has baselines; } && groups+=(verify)
   has baselines && groups+=(parity)  # the parity stage checks the variants only
   { has baselines || { has bench && bench_times_baselines; }; } && groups+=(bench)
-  has chapters && [[ -z ${CHAPTERS:-} || $CHAPTERS == *baselines* || $CHAPTERS == *e88* ]] && groups+=(chapters)
+  has chapters && [[ -z ${CHAPTERS:-} || $CHAPTERS == *baselines* ]] && groups+=(chapters)
+  has chapters && [[ -z ${CHAPTERS:-} || $CHAPTERS == *e88* ]] && groups+=(e88)
   if [ ${#groups[@]} -eq 0 ]; then echo "warm: no stage of this pass runs the baselines' Triton kernels"; return 0; fi
   python3 -m elman warm --groups "${groups[@]}" ${WARM_ARGS:-}
 }

@@ -164,6 +164,8 @@ def test_jobs_cover_both_libraries_and_every_call_of_the_later_stages():
         assert ("layer", level, "bfloat16", 512, 16, 1920, 1.0) in calls  # the E88 chapter's layers
     assert ("layer", "fla-gdn", "bfloat16", 512, 16, 1792, 2.0) in calls  # ... and its training-step baseline
     assert ("layer", "mamba2", "bfloat16", 512, 16, 1792, 2.0) not in calls
+    assert _calls(tritonwarm.jobs(["e88"])) == {("layer", level, "bfloat16", 512, 16, 1920, 1.0) for level in
+                                                ("mamba2", "fla-gdn")} | {("layer", "fla-gdn", "bfloat16", 512, 16, 1792, 2.0)}
     verify = [j for j in jobs if "verify" in j.groups]
     assert {(j.dtype, j.T, j.B, j.D, j.expansion) for j in verify} == \
         {(dt, *s) for dt in gdn.VERIFY_DTYPES for s in gdn.VERIFY_SHAPES}

@@ -63,7 +63,7 @@ from . import bench
 from .parity import DTYPES
 
 LEVELS = ("mamba2", "fla-gdn")                   # the baselines that run Triton kernels
-GROUPS = ("verify", "parity", "bench", "chapters", "tests")
+GROUPS = ("verify", "parity", "bench", "chapters", "e88", "tests")
 MAX_WORKERS = 16
 UNGUARDED = "triton-unguarded"
 # The calls of the stages that are not in the registry: the Baselines chapter's layer check
@@ -131,9 +131,10 @@ def _group_jobs(group: str, levels: tuple[str, ...]) -> list[Job]:
             mode = UNGUARDED if UNGUARDED in gdn.VERIFY_MODES else None
             out += [Job("parity", level, dt, T, B, D, e, mode=mode)
                     for dt in gdn.VERIFY_DTYPES for T, B, D, e in gdn.VERIFY_SHAPES]
-        elif group == "chapters":   # the Baselines chapter's layer check (fp32), the E88 chapter's layers
+        elif group == "chapters":   # the Baselines chapter's layer check on the GPU (fp32)
             T, B, D, e = CHAPTER_LAYER
             out.append(Job("layer", level, "float32", T, B, D, e))
+        elif group == "e88":        # the E88 chapter's layers beside its flagship
             out += [Job("layer", level, "bfloat16", *shape) for *shape, of in E88_CHAPTER_LAYERS if level in of]
         elif group == "tests":      # tests/test_baselines_gpu.py outside its parity tests
             T, B, D, e = TEST_LAYER
@@ -380,7 +381,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"{WORKER_GIB} GiB of GPU memory)")
     p.add_argument("--groups", nargs="+", default=list(GROUPS), choices=GROUPS,
                    help="the later stages to compile for: verify (scripts/verify_gdn.py), parity "
-                        "(elman parity), bench (elman bench), chapters (the Baselines and E88 chapters), "
+                        "(elman parity), bench (elman bench), chapters (the Baselines chapter), e88 (the "
+                        "E88 chapter), "
                         "tests (tests/test_baselines_gpu.py); default all")
     p.add_argument("--levels", nargs="+", default=list(LEVELS), choices=LEVELS)
     p.add_argument("--dry-run", action="store_true", help="list the jobs and run nothing")
