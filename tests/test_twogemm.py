@@ -170,6 +170,17 @@ def test_e4_product_norm():
                                              layer.v.detach().clone().requires_grad_()))
 
 
+@pytest.mark.parametrize("D,r", [(48, 5), (32, 128), (100, 100)])
+def test_product_norm_without_the_product(D, r):
+    """The parity inputs' factor pairs are scaled by ||U V||_2 from their QR factors, which
+    equals the norm of the formed product (r below, above and equal to D)."""
+    g = torch.Generator().manual_seed(D + r)
+    u = torch.randn(D, r, dtype=torch.float64, generator=g)
+    v = torch.randn(r, D, dtype=torch.float64, generator=g)
+    assert torch.isclose(inputs.product_norm(u, v), torch.linalg.matrix_norm(u @ v, ord=2),
+                         rtol=1e-12, atol=0)
+
+
 def test_reference_checks_low_rank():
     for level in ("4", "5", "66", "67lr"):
         table = parity.reference_checks(level)
@@ -493,3 +504,62 @@ def test_lowrank_forward_step_order_check_catches_races():
     early.insert(early.index(("state", 2)), ("store", 2))
     with pytest.raises(AssertionError, match="before its state"):
         schedule.check_lowrank_forward_events(early, T, lead)
+
+
+def test_chapter_plan():
+    """Every variant at the issue's shape first (the grid variants on every path, with the
+    whole layer), then the grid variants' fast paths at the other shapes, D by D."""
+    from elman.families.twogemm import bench
+    plan = bench.chapter_plan(["E66", "E66r16"], [4, 64], [512, 1024], grid=["E66"])
+    assert plan[:2] == [bench.Planned("E66", 4, 512, bench.FAST + bench.SLOW, True),
+                        bench.Planned("E66r16", 4, 512, bench.FAST, True)]
+    assert [(p.variant, p.B, p.D) for p in plan[2:]] == [("E66", 64, 512), ("E66", 4, 1024),
+                                                          ("E66", 64, 1024)]
+    assert all(p.impls == bench.FAST and not p.layer for p in plan[2:])
+    assert bench.chapter_plan(["E4"], [4, 16], [512, 1024], quick=True) == [
+        bench.Planned("E4", 4, 512, bench.FAST + bench.SLOW, True)]
+
+
+def test_chapter_records_write_each_shape_and_resume(monkeypatch, tmp_path):
+    """A chapter's run writes each shape's records when the shape is done: stopped in its
+    third shape it keeps the first two, and a rerun into the same folder measures only what
+    the folder lacks (cells by path, layers, E1's cell), on the paths the op has there."""
+    from elman.core import records
+    from elman.families.dense import bench as dense_bench
+    from elman.families.twogemm import bench
+    from elman.harness import bench as harness
+
+    monkeypatch.setenv("ELMAN_RUN_DIR", str(tmp_path))
+    monkeypatch.setattr(op, "paths", lambda B, D, dtype, rank=None, slots=None:
+                        (["persistent"] if D <= 512 else []) + ["graph", "steps"])
+    calls, stop = [], {(4, 1024)}
+
+    def rec(name, impl, B, D, T, measure="cell"):
+        return records.make("bench", name, impl, {"measure": measure, "T": T, "B": B, "D": D}, {})
+
+    def cell(entry, B, D, T, quick=False, impls=None, gate=None):
+        calls.append((entry.name, B, D, impls))
+        if (B, D) in stop:
+            raise KeyboardInterrupt  # the stage's time limit
+        return [rec(entry.name, bench.BENCH_IMPL.get(i, i), B, D, T) for i in impls]
+    monkeypatch.setattr(bench, "cell_records", cell)
+    monkeypatch.setattr(harness, "ensure_parity", lambda e, dtype: {})
+    monkeypatch.setattr(harness, "layer_record", lambda e, B, D, T, quick=False: (
+        calls.append((e.name, B, D, "layer")), rec(e.name, "cuda:graph", B, D, T, "layer"))[1])
+    monkeypatch.setattr(dense_bench, "cell_records", lambda e, B, D, T, quick=False, impls=(): (
+        calls.append((e.name, B, D, impls)), [rec(e.name, "cuda:persistent", B, D, T)])[1])
+
+    plan = bench.chapter_plan(["E4"], [4, 64], [512, 1024])
+    with pytest.raises(KeyboardInterrupt):
+        bench.chapter_records(plan, T=16)
+    kept = {(r["variant"], r["params"]["B"], r["params"]["D"]) for r in records.read([tmp_path])}
+    assert kept == {(v, B, 512) for v in ("E4", "E1") for B in (4, 64)}
+    assert ("E4", 4, 512, ("cuda:persistent", "cuda:graph", "cuda:steps", "torch:eager")) in calls
+    calls.clear()
+    stop.clear()
+    new = bench.chapter_records(plan, T=16)
+    assert calls == [("E4", 4, 1024, ("cuda:graph",)), ("E1", 4, 1024, ("cuda:persistent",)),
+                     ("E4", 64, 1024, ("cuda:graph",)), ("E1", 64, 1024, ("cuda:persistent",))]
+    assert len(new) == 4 and len(records.read([tmp_path])) == 9 + 4
+    calls.clear()
+    assert bench.chapter_records(plan, T=16) == [] and calls == []

@@ -5,12 +5,19 @@ projections inside, every gradient in the backward), on each path of the op:
 `cuda:steps+graph` (the per-step loop replayed from a CUDA graph: the op's path "graph"),
 `cuda:steps` (launched from the stream) and
 `torch:eager` (the reference, a sequential PyTorch loop, in bf16). `per_step_us` = forward / T.
-Passed `beside` (E1's registry entry, which the harness or chapter looks up), it adds E1's
-persistent cell at the same shape from the dense family's benchmark, so ratios come from one
-run. E23's records carry its peak backward memory and the size a stored tape history
+E23's records carry its peak backward memory and the size a stored tape history
 [T + 1, B, N, D] would take.
+
+A chapter's run is `chapter_plan` (which variant, shape and path) and `chapter_records` (runs
+it shape by shape into the run folder, resuming, with E1's persistent cell from the dense
+family's benchmark at every shape, so ratios come from one run). The fast paths (persistent, graph: 1-40 us a
+step on an H100) are timed at every shape of the chapter's grid; the slow ones (steps: 45-200
+us a step, the PyTorch loop: 90-500 us, a few seconds each at T = 512) and whole layers at the
+issue's shape B = 4, D = 512 only.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -64,7 +71,7 @@ def _peak_mb(fn) -> float:
 
 def cell_records(entry: Entry, B: int, D: int, T: int = T_DEFAULT, reps: int = 30,
                  quick: bool = False, impls: tuple[str, ...] | None = None,
-                 gate: dict[str, bool] | None = None, beside: Entry | None = None) -> list[dict]:
+                 gate: dict[str, bool] | None = None) -> list[dict]:
     """Time every implementation of the entry's cell at one shape (module docstring).
     `gate` ({impl: parity passed}) skips the CUDA paths that did not pass in this run."""
     shape = _shape(entry, B, D, T)
@@ -92,11 +99,90 @@ def cell_records(entry: Entry, B: int, D: int, T: int = T_DEFAULT, reps: int = 3
         if "tape0" in ref:
             metrics["tape_history_mb"] = (T + 1) * ref["tape0"].numel() * 2 / 2**20
         out.append(records.make("bench", entry.name, BENCH_IMPL.get(impl, impl), params, metrics))
-    if beside is not None:
-        out += dense_bench.cell_records(beside, B, D, T, reps, quick, impls=("cuda:persistent",))
     del sets, fns
     torch.cuda.empty_cache()
     return out
+
+
+# ---- a chapter's run ---------------------------------------------------------------------
+FAST = ("cuda:persistent", "cuda:graph")  # parity impl names (cell records: BENCH_IMPL)
+SLOW = ("cuda:steps", "torch:eager")
+AT = (4, 512)  # (B, D) of the issue's targets
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One variant at one shape: its cell on `impls` (those it has there), its whole layer if
+    `layer`."""
+    variant: str
+    B: int
+    D: int
+    impls: tuple[str, ...]
+    layer: bool
+
+
+def chapter_plan(variants: list[str], batches: list[int], dims: list[int],
+                 grid: list[str] | None = None, at: tuple[int, int] = AT,
+                 quick: bool = False) -> list[Planned]:
+    """What a chapter's run times, in order: at `at` (B, D), every variant's fast paths and
+    whole layer and the `grid` variants' slow paths; then the `grid` variants' fast paths at
+    every other (B, D) of batches x dims, D by D. `grid` defaults to every variant; `quick`
+    keeps `at` only."""
+    grid = list(variants) if grid is None else list(grid)
+    plan = [Planned(v, *at, FAST + (SLOW if v in grid else ()), True) for v in variants]
+    if quick:
+        return plan
+    return plan + [Planned(v, B, D, FAST, False) for D in dims for B in batches
+                   if (B, D) != tuple(at) for v in grid]
+
+
+def impls_at(entry: Entry, B: int, D: int) -> list[str]:
+    """The implementations `cell_records` has for the entry at (B, D), by their parity names,
+    from the op's plan (no inputs are made): the fastest first."""
+    paths = entry.parity.paths(_shape(entry, B, D, 1), torch.bfloat16)
+    return ["cuda:" + p for p in paths] + ["torch:eager"]
+
+
+def _key(r: dict) -> tuple:
+    p = r["params"]
+    return (r["variant"], p["measure"], p.get("T"), p.get("B"), p.get("D"),
+            r["impl"] if p["measure"] == "cell" else None)
+
+
+def chapter_records(plan: list[Planned], T: int = T_DEFAULT, quick: bool = False,
+                    beside: str = "E1") -> list[dict]:
+    """Run a `chapter_plan` into the current run folder shape by shape, with `beside`'s
+    persistent cell at every shape. Each shape's records are written when the shape is done,
+    and what the run already holds is not measured again: a chapter stopped by a time limit
+    keeps every finished shape, and a rerun into the same folder resumes. The variants' CUDA
+    paths are gated on their parity in this run. Returns the new records."""
+    from ... import registry
+    from ...harness import bench as harness
+
+    run = records.run_dir()
+    done = {_key(r) for r in records.read([run], kind="bench")}
+    gates: dict[str, dict[str, bool]] = {}
+    new: list[dict] = []
+    for B, D in dict.fromkeys((p.B, p.D) for p in plan):
+        recs: list[dict] = []
+        for p in (p for p in plan if (p.B, p.D) == (B, D)):
+            e = registry.get(p.variant)
+            todo = tuple(i for i in p.impls if i in impls_at(e, B, D)
+                         and (e.name, "cell", T, B, D, BENCH_IMPL.get(i, i)) not in done)
+            if todo:
+                if e.name not in gates:
+                    gates[e.name] = harness.ensure_parity(e, "bfloat16")
+                recs += cell_records(e, B, D, T, quick=quick, impls=todo, gate=gates[e.name])
+            if p.layer and (e.name, "layer", T, B, D, None) not in done:
+                recs.append(harness.layer_record(e, B, D, T, quick=quick))
+        if (beside, "cell", T, B, D, "cuda:persistent") not in done:
+            recs += dense_bench.cell_records(registry.get(beside), B, D, T, quick=quick,
+                                             impls=("cuda:persistent",))
+        if recs:
+            records.write(recs, run)
+        done.update(_key(r) for r in recs)
+        new += recs
+    return new
 
 
 def recurrent_layer_records(entry: Entry, B: int, D: int, T: int = T_DEFAULT, reps: int = 30,

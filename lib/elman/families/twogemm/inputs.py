@@ -36,10 +36,16 @@ def default_rank(D: int) -> int:
     return max(2, D // 4)
 
 
+def product_norm(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The spectral norm of U V without forming it: with U = Q_u R_u and V^T = Q_v R_v (reduced
+    QR), U V = Q_u (R_u R_v^T) Q_v^T, and R_u R_v^T is at most min(D, r) square."""
+    return torch.linalg.matrix_norm(torch.linalg.qr(u).R @ torch.linalg.qr(v.t()).R.t(), ord=2)
+
+
 def _pair(D: int, r: int, kw: dict) -> tuple[torch.Tensor, torch.Tensor]:
     u = torch.randn(D, r, **kw) / r ** 0.5
     v = torch.randn(r, D, **kw) / D ** 0.5
-    scale = (0.95 / torch.linalg.matrix_norm(u @ v, ord=2)).sqrt()
+    scale = (0.95 / product_norm(u, v)).sqrt()
     return u * scale, v * scale
 
 
@@ -90,18 +96,28 @@ def time_major(name: str, t: torch.Tensor) -> bool:
 STATES = ("h0", "tape0")  # the state inputs a reference takes, in the order it returns them
 
 
-def parity_cases(reference: Callable, cell: Callable, shape: Shape, dtype: torch.dtype, device,
-                 generator, rank: Callable[[int], int] = default_rank) -> list[ParityCase]:
-    """A two-GEMM variant's parity cases: its `cell` (backend="cuda") on each path against
-    its `reference`, on the same fresh inputs; every output named (E23 adds the tape)."""
-    r = rank(shape.D)
-    kw = reference_inputs(reference, shape, device, generator, r)
-    tape = "tape0" in kw
-    outputs = ("out", "h_T", "tape_T") if tape else ("out", "h_T")
-    return [ParityCase(kw, lambda p=p, **a: cell(**a, backend="cuda", path=p), reference,
-                       outputs, "cuda:" + p)
-            for p in op.paths(shape.B, shape.D, dtype, None if tape else r,
-                              kw["tape0"].shape[1] if tape else None)]
+class ParityBuilder:
+    """A two-GEMM variant's parity builder (the entry's `parity`): called with (shape, dtype,
+    device, generator), its `cell` (backend="cuda") on each path against its `reference`, on
+    the same fresh inputs, every output named (E23 adds the tape); `paths` names those paths
+    without making inputs. `rank(D)` is the factors' rank in the inputs; a tape variant's slot
+    count is the shape's `n` (8 when unset)."""
+
+    def __init__(self, reference: Callable, cell: Callable, rank: Callable[[int], int] = default_rank):
+        self.reference, self.cell, self.rank = reference, cell, rank
+        self.tape = "tape0" in inspect.signature(reference).parameters
+
+    def paths(self, shape: Shape, dtype: torch.dtype) -> list[str]:
+        if self.tape:
+            return op.paths(shape.B, shape.D, dtype, slots=shape.n or 8)
+        return op.paths(shape.B, shape.D, dtype, rank=self.rank(shape.D))
+
+    def __call__(self, shape: Shape, dtype: torch.dtype, device, generator) -> list[ParityCase]:
+        kw = reference_inputs(self.reference, shape, device, generator, self.rank(shape.D))
+        outputs = ("out", "h_T", "tape_T") if self.tape else ("out", "h_T")
+        return [ParityCase(kw, lambda p=p, **a: self.cell(**a, backend="cuda", path=p),
+                           self.reference, outputs, "cuda:" + p)
+                for p in self.paths(shape, dtype)]
 
 
 def entry(*, reference: Callable, cell: Callable, rank: Callable[[int], int] = default_rank,
@@ -113,8 +129,7 @@ def entry(*, reference: Callable, cell: Callable, rank: Callable[[int], int] = d
         family="twogemm", kind="variant", test_shapes=TEST_SHAPES,
         cuda_op="elman_twogemm.lowrank_forward/lowrank_backward",
         tolerance={"float32": Tolerance(1e-5, 1e-5), "bfloat16": Tolerance(1e-2, 2e-2)},
-        parity=lambda shape, dtype, device, generator: parity_cases(
-            reference, cell, shape, dtype, device, generator, rank))
+        parity=ParityBuilder(reference, cell, rank))
     return Entry(reference=reference, **{**defaults, **fields})
 
 
