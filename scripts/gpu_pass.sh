@@ -185,7 +185,9 @@ widths_stage() {
     --no-layers ${QUICK:+--quick}
 }
 # Issue 20's training-step profile: E0, E1, E42 at d1280 x 6 (B 64) and E1 at the 100M shape,
-# each as the trainer steps, without host reads and replayed from a CUDA graph (records 'lm_profile').
+# each as the trainer steps, without host reads and replayed from a CUDA graph, in two setups:
+# `after` (the model elman train builds) and `before` (batch-major residual stream, strided GEMM
+# inputs, three spectral-norm iterations a forward under autocast) (records 'lm_profile').
 lmprofile_stage() { python3 -m elman.training.profile --preset issue20 --record ${PROFILE_ARGS:-}; }
 baselines_stage() {  # fla-gdn verified, then every baseline's parity, then their layers beside E1
   local ok=0

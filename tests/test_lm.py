@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from elman import registry
+from elman.core.layer import time_major
 from elman.training.lm import EPS, AddNorm, LadderLM, add_rms_norm_torch, compare_norms, n_params
 
 gpu = pytest.mark.gpu
@@ -54,6 +55,44 @@ def test_forward_matches_the_written_out_definition():
             h = layer(rms(residual, m.norms[i].weight))[0]
         want = rms(h + residual, m.final_norm.weight) @ m.embedding.weight.t()
         assert torch.allclose(m(x), want, atol=1e-5, rtol=1e-5)
+
+
+def test_time_major_stream_changes_no_value():
+    """The time-major residual stream (every E-series layer computes time-major) against the
+    batch-major one: the same logits, loss and gradients up to fp32 summation order."""
+    x = torch.randint(0, 256, (3, 11))
+    out = []
+    for layout in ("auto", "batch"):
+        m = tiny(layout=layout)
+        assert m.time_major == (layout == "auto")
+        logits = m(x[:, :-1])
+        assert logits.shape == (3, 10, 256) and logits.transpose(0, 1).is_contiguous() == m.time_major
+        loss = m.loss(x)
+        loss.backward()
+        out.append((logits.detach(), loss.detach(), [p.grad for p in m.parameters()]))
+    (la, a, ga), (lb, b, gb) = out
+    assert torch.allclose(la, lb, atol=1e-6, rtol=1e-5) and torch.allclose(a, b, atol=1e-6, rtol=1e-6)
+    for p, q in zip(ga, gb):
+        assert torch.allclose(p, q, atol=1e-6, rtol=1e-4)
+
+
+def test_layout_follows_the_layers():
+    assert tiny("E0").time_major and tiny("E42").time_major
+    assert not tiny("E70").time_major            # the matrix family's layers are batch-major
+    assert tiny("E70", layout="time").time_major
+    with pytest.raises(ValueError, match="layout must be"):
+        tiny(layout="column")
+
+
+def test_time_major_input_copies_at_most_once():
+    stream = torch.randn(7, 3, 8, dtype=torch.bfloat16)            # time-major storage
+    y = stream.transpose(0, 1)                                      # the [B, T, d] view a layer gets
+    assert time_major(y, torch.bfloat16).data_ptr() == stream.data_ptr()
+    cast = time_major(y.float(), torch.bfloat16)                    # a cast is the one copy
+    assert cast.is_contiguous() and torch.equal(cast, stream)
+    batch = torch.randn(3, 7, 8)                                    # batch-major storage
+    assert time_major(batch, torch.float32).is_contiguous()
+    assert torch.equal(time_major(batch, torch.float32), batch.transpose(0, 1))
 
 
 def test_residual_stays_fp32_under_bf16_autocast():

@@ -231,6 +231,22 @@ def test_bf16_training_on_gpu_through_the_cli(tmp_path):
     assert rec["metrics"]["val_bits_se"] > 0 and rec["metrics"]["val_windows"] == ByteData(TEST_SLICE).val_tiles(256)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_graph_training_logs_the_persistent_path(tmp_path):
+    """`--graph` (the issue-20 record's mode): every layer's forward and the dense backward run
+    the persistent kernels inside the captured step, and the log says so after the first step."""
+    runs = tmp_path / "runs"
+    r = elman("train", "--level", "E1", "--dim", "256", "--depth", "2", "--batch", "8", "--seq", "128",
+              "--steps", "12", "--log-every", "4", "--val-windows", "4", "--graph", "--name", "g",
+              "--data", str(TEST_SLICE), "--runs-dir", str(runs), "--checkpoint-dir", str(tmp_path / "c"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "kernel paths:" in r.stdout + r.stderr
+    line = [e for e in log_lines(runs / "train" / "g" / "log.jsonl") if e["kind"] == "kernels"][0]
+    assert all(set(x["forward"].values()) == {"persistent"} for x in line["layers"])
+    assert set(line["backward"].values()) == {"persistent"} and "persistent" in line["kernels"]
+
+
 # ---------------------------------------------------------------------------------------
 # Evaluation and the metric
 
@@ -302,6 +318,9 @@ def test_the_record_carries_the_headline_metric(tmp_path):
     end = [e for e in log_lines(runs / "train" / "E1_d32x2" / "log.jsonl") if e["kind"] == "end"][-1]
     assert rec["last100"] == pytest.approx(sum(end["losses"]) / 10) == rec["last1000"]
     assert rec["kernels"] == "reference x2"
+    kernels = [e for e in log_lines(runs / "train" / "E1_d32x2" / "log.jsonl") if e["kind"] == "kernels"]
+    assert len(kernels) == 1 and kernels[0]["step"] == 1 and kernels[0]["kernels"] == "reference x2"
+    assert kernels[0]["layers"] == rec["kernel_paths"]["layers"]
 
 
 def test_results_headline_table(tmp_path, capsys):

@@ -8,7 +8,6 @@ import argparse
 import pytest
 import schedulefree
 import torch
-import torch.nn.functional as F
 
 from elman.training import profile, train
 from elman.training.data import TEST_SLICE
@@ -37,8 +36,7 @@ def test_step_matches_the_step_written_out():
     model, opt = _model_and_opt()
     step = TrainStep(model, opt, clip=0.5, dtype=None)
     for batch in _batches(3):
-        logits = ref_model(batch[:, :-1])
-        ref_loss = F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
+        ref_loss = ref_model.loss(batch)
         ref_loss.backward()
         ref_norm = torch.nn.utils.clip_grad_norm_(ref_model.parameters(), 0.5)
         ref_opt.step()
@@ -133,29 +131,61 @@ def test_profile_goes_on_after_a_failed_configuration(capsys):
     if torch.cuda.is_available():
         pytest.skip("checks the CPU-only failure path")
     assert profile.main(["--preset", "issue20", "--mode", "lean", "graph", "--brief"]) == 1
-    out = capsys.readouterr().out
-    assert out.count("FAILED") == 2 * 8 and "E1 d640 x 20 e 2 B 32 graph" in out and "CUDA" in out
+    out = capsys.readouterr().out  # 4 configurations x 2 setups x 2 modes, each named twice
+    assert out.count("FAILED") == 2 * 16 and "CUDA" in out
+    assert "E1 d640 x 20 e 2 B 32 before graph" in out and "E1 d640 x 20 e 2 B 32 after lean" in out
 
 
-def _rec(level: str, mode: str, step_ms: float) -> dict:
+def test_profile_before_setup_copies_more():
+    """The `before` setup (batch-major stream, strided GEMM inputs, the spectral norm's three
+    iterations a forward) issues more ops and copies than the model `elman train` builds; the
+    counts come from one eager step on the CPU."""
+    counts = {}
+    for setup in profile.SETUPS:
+        model, opt = _model_and_opt()
+        profile.apply_setup(model, setup)
+        step = TrainStep(model, opt, clip=1.0, dtype=None)
+        batch = _batches(1, B=4, T=32)[0]
+        step(batch)
+        step.update()
+        counts[setup] = profile.host_ops(step, batch)
+    before, after = counts["before"], counts["after"]
+    assert set(after) == {"forward", "backward", "clip", "optimizer"}
+    for phase in ("forward", "backward"):
+        assert after[phase]["copies"] < before[phase]["copies"]
+        assert after[phase]["copy_mb"] < before[phase]["copy_mb"]
+    assert after["optimizer"] == before["optimizer"]
+    model, _ = _model_and_opt()
+    profile.apply_setup(model, "before")
+    assert not model.time_major and not model.layers[0].contiguous_input
+    assert model.layers[0].w_h.step_iterations is None and not model.layers[0].w_h.fp32
+    with pytest.raises(ValueError, match="setup"):
+        profile.apply_setup(model, "during")
+
+
+def _rec(level: str, mode: str, step_ms: float, setup: str = "after") -> dict:
     phases = ({"forward+backward+clip": step_ms - 2, "optimizer": 2.0} if mode == "graph" else
               {"forward": 10.0, "backward": step_ms - 14, "clip": 1.0, "optimizer": 3.0})
+    ops = {"forward": {"ops": 300, "copies": 40, "copy_mb": 500.0},
+           "backward": {"ops": 500, "copies": 50, "copy_mb": 700.0}}
     return {"variant": level, "params": {"dim": 1280, "depth": 6, "expansion": 1.0, "B": 64, "T": 512,
-                                         "mode": mode},
+                                         "mode": mode, "setup": setup},
             "metrics": {"phase_ms": {**phases, "step": step_ms}, "tokens_per_s": 32768 / step_ms * 1000,
                         "kernel_ms_total": step_ms - 1, "idle_ms": 1.0, "spectral_forward_ms": 0.4,
                         "kernel_ms_by_category": {"recurrence": 20.0, "gemm": 10.0},
-                        "largest_kernels_ms": [["gemm_a", 9.0]]}}
+                        "largest_kernels_ms": [["gemm_a", 9.0]], "host_ops": ops}}
 
 
-def test_profile_comparison_has_a_row_per_mode():
-    table = profile.comparison([_rec("E1", "trainer", 40.0), _rec("E1", "graph", 38.0)])
+def test_profile_comparison_has_a_row_per_setup_and_mode():
+    table = profile.comparison([_rec("E1", "trainer", 40.0, "before"), _rec("E1", "graph", 38.0)])
     lines = table.splitlines()
-    assert len(lines) == 3 and "tokens/s" in lines[0] and "recurrence" in lines[0]
-    assert "trainer" in lines[1] and "819,200" in lines[1] and "20.00" in lines[1]
-    assert "graph" in lines[2] and "36.00 (all)" in lines[2]
+    assert len(lines) == 3 and "tokens/s" in lines[0] and "recurrence" in lines[0] and "copy MB" in lines[0]
+    assert "before" in lines[1] and "trainer" in lines[1] and "819,200" in lines[1] and "20.00" in lines[1]
+    assert "after" in lines[2] and "graph" in lines[2] and "36.00 (all)" in lines[2]
+    assert " 90 " in lines[2] and " 1200 " in lines[2]  # copies and MB of the step's two phases
     text = profile.summary(_rec("E1", "graph", 38.0))
-    assert "mode graph" in text and "GPU idle in a step 1.00 ms" in text
+    assert "mode graph, setup after" in text and "GPU idle in a step 1.00 ms" in text
+    assert "forward 300 / 40 / 500" in text
 
 
 @pytest.mark.gpu
@@ -187,9 +217,12 @@ def test_graph_step_matches_the_eager_step():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("setup", profile.SETUPS)
 @pytest.mark.parametrize("mode", profile.MODES)
-def test_profile_runs_every_mode(mode):
-    rec = profile.lm_profile_record("E1", 256, 2, batch=2, seq=64, steps=3, mode=mode)
+def test_profile_runs_every_mode(mode, setup):
+    rec = profile.lm_profile_record("E1", 256, 2, batch=2, seq=64, steps=3, mode=mode, setup=setup)
     m = rec["metrics"]
     assert rec["params"]["mode"] == mode and m["tokens_per_s"] > 0 and m["kernel_ms_total"] > 0
+    assert rec["params"]["setup"] == setup
     assert m["spectral_forward_ms"] > 0 and m["idle_ms"] >= 0
+    assert all(m["host_ops"][phase]["ops"] > 0 for phase in ("forward", "backward", "clip", "optimizer"))

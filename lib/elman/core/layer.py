@@ -11,6 +11,12 @@ its own cell parameters (`build`) and runs its cell (`cell`). The skeleton owns 
 
 with time-major [T, B, D] tensors inside, the compute dtype of autocast (fp32 weights cast
 per call), h0 cast to it, and clear errors for a bad input before any work.
+
+The input becomes one contiguous time-major tensor in the compute dtype (`time_major`: at
+most one copy, none when y is a [B, T, d] view of time-major storage already in that dtype),
+so the input GEMMs and their backward read it without copies; the output is a [B, T, d] view
+of the time-major result. LadderLM keeps its residual stream time-major for such layers
+(`RecurrentLayer.time_major`), so neither side copies.
 """
 from __future__ import annotations
 
@@ -56,6 +62,15 @@ def check_sequence(name: str, y: torch.Tensor, dim: int) -> None:
                          f"got shape {tuple(y.shape)}")
 
 
+def time_major(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """y [B, T, d] as a contiguous time-major [T, B, d] tensor in `dtype`: one copy at most, none
+    when y is a view of time-major storage in `dtype`. (`Tensor.to(dtype,
+    memory_format=torch.contiguous_format)` alone returns a strided tensor unchanged when its
+    dtype is already `dtype`.)"""
+    yt = y.transpose(0, 1)
+    return yt.contiguous() if yt.dtype == dtype else yt.to(dtype, memory_format=torch.contiguous_format)
+
+
 def recurrent_weight(D: int, r_h_mode: str = "spectral_norm", spectral_radius: float = 0.99,
                      r_h_init_gain: float = 0.1) -> RecurrentWeight:
     """W_h [D, D] with the layer options of its parametrisation (core.spectral)."""
@@ -83,10 +98,17 @@ class RecurrentLayer(nn.Module):
     Subclasses set `template` (TEMPLATES) and `paths` (the implementations `path` may
     name), and define `build(D, **options)` (register the cell's parameters; return those
     that get Xavier-uniform initialisation, in order) and `cell(x, z, h0)` (time-major,
-    in the compute dtype; z is None except for template "S")."""
+    in the compute dtype; z is None except for template "S").
+
+    `time_major` tells LadderLM that a [B, T, d] view of time-major storage is the input this
+    layer copies least (none) and its output is one. `contiguous_input` False passes the input
+    GEMMs the strided transpose instead, which each of them copies (the training profile's
+    `before` setup times the difference)."""
 
     template = "S"
     paths: tuple[str, ...] = ("auto",)
+    time_major = True
+    contiguous_input = True
 
     def __init__(self, dim: int, expansion: float = 1.0, backend: str = "cuda",
                  use_conv: bool = False, d_conv: int = 4, dropout: float = 0.0,
@@ -129,7 +151,7 @@ class RecurrentLayer(nn.Module):
     def forward(self, y: torch.Tensor, h0: torch.Tensor | None = None):
         self.check(y, h0)
         dt = autocast_dtype(y)
-        yt = y.transpose(0, 1).to(dt)                        # [T, B, dim]
+        yt = time_major(y, dt) if self.contiguous_input else y.transpose(0, 1).to(dt)  # [T, B, dim]
         w_in = self.w_in.to(dt)
         z = None
         if self.template == "S":

@@ -10,6 +10,15 @@
     logits = RMSNorm_final(h + residual) @ Emb^T     tied head, no bias
     loss = mean cross-entropy of the next byte
 
+Layout: when every layer computes time-major (`RecurrentLayer.time_major`: the dense,
+diagonal and two-GEMM families), the embedding, residual stream, norms and logits are
+time-major [T, B, .] tensors and each layer gets a [B, T, d] view of its input, which it
+reads without a copy, and returns a view of its time-major output: no transpose copies
+between the layers, forward or backward. Otherwise everything is batch-major. The layout
+changes no value; `forward` returns [B, T, V] either way (a view in the time-major case) and
+`next_byte_loss` flattens the logits in their storage order, so the mean cross-entropy sums
+its terms in another order (fp32 rounding).
+
 The add + RMSNorm is one step with two implementations, chosen by `norm`:
 `"fused"` is mamba-ssm's Triton kernel `rms_norm_fn(..., prenorm=True,
 residual_in_fp32=True)`; `"torch"` is the same math in PyTorch (`F.rms_norm` on the fp32
@@ -34,6 +43,7 @@ from .. import registry
 VOCAB = 256
 EPS = 1e-5
 NORMS = ("auto", "fused", "torch")
+LAYOUTS = ("auto", "batch", "time")
 
 
 def _fused_rms_norm():
@@ -100,6 +110,16 @@ def _checkpointed(layer: nn.Module, a: torch.Tensor) -> torch.Tensor:
                       context_fn=lambda: (contextlib.nullcontext(), recompute()))
 
 
+def next_byte_loss(logits: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
+    """Mean next-byte cross-entropy in fp32 of logits [B, T, V] for windows [B, T+1]. Logits
+    that are a view of time-major storage are flattened time-major (no copy), with the
+    targets in the same order."""
+    targets = batch[:, 1:]
+    if not logits.is_contiguous() and logits.transpose(0, 1).is_contiguous():
+        logits, targets = logits.transpose(0, 1), targets.t()
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
+
 def default_backend() -> str:
     return "cuda" if torch.cuda.is_available() else "reference"
 
@@ -109,17 +129,21 @@ class LadderLM(nn.Module):
 
     `backend` ("cuda" | "reference") goes to every layer, default "cuda" when CUDA is
     available. `norm` is "fused", "torch" or "auto" (fused with the CUDA backend, torch
-    otherwise). Other keyword options go to the level's layer class unchanged.
+    otherwise). `layout` is "time", "batch" or "auto" (time-major when every layer computes
+    time-major; the attribute `time_major` holds the choice). Other keyword options go to the
+    level's layer class unchanged.
     """
 
     def __init__(self, level: str, dim: int, depth: int, expansion: float = 1.0,
                  vocab_size: int = VOCAB, backend: str | None = None, norm: str = "auto",
-                 gradient_checkpointing: bool = False, **options):
+                 gradient_checkpointing: bool = False, layout: str = "auto", **options):
         super().__init__()
         if dim < 1 or depth < 1:
             raise ValueError(f"dim and depth must be positive, got dim={dim}, depth={depth}")
         if norm not in NORMS:
             raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
         self.entry = registry.get(level)
         self.level, self.dim, self.depth, self.expansion = self.entry.name, dim, depth, expansion
         self.backend = backend or default_backend()
@@ -136,29 +160,35 @@ class LadderLM(nn.Module):
             self.layers.append(layer)
         self.norms = nn.ModuleList(AddNorm(dim, self.norm) for _ in range(depth))
         self.final_norm = AddNorm(dim, self.norm)
+        self.time_major = layout == "time" or (
+            layout == "auto" and all(getattr(layer, "time_major", False) for layer in self.layers))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits [B, T, V] for byte tokens [B, T]."""
         if tokens.dim() != 2:
             raise ValueError(f"tokens must be [B, T], got shape {tuple(tokens.shape)}")
-        h, residual = self.embedding(tokens), None
+        tm = self.time_major
+        h, residual = self.embedding(tokens.t() if tm else tokens), None
         for layer, norm in zip(self.layers, self.norms):
             a, residual = norm(h, residual)
+            a = a.transpose(0, 1) if tm else a  # the layer sees [B, T, d]
             if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
                 h = _checkpointed(layer, a)
             else:
                 h = layer(a)[0]
+            h = h.transpose(0, 1) if tm else h
         y, _ = self.final_norm(h, residual)
-        return F.linear(y, self.embedding.weight)
+        logits = F.linear(y, self.embedding.weight)
+        return logits.transpose(0, 1) if tm else logits
 
     def loss(self, batch: torch.Tensor) -> torch.Tensor:
         """Mean next-byte cross-entropy (nats) of windows [B, T+1]."""
-        logits = self(batch[:, :-1])
-        return F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
+        return next_byte_loss(self(batch[:, :-1]), batch)
 
     def extra_repr(self) -> str:
         return (f"level={self.level}, dim={self.dim}, depth={self.depth}, "
-                f"expansion={self.expansion}, backend={self.backend}, norm={self.norm}")
+                f"expansion={self.expansion}, backend={self.backend}, norm={self.norm}, "
+                f"layout={'time' if self.time_major else 'batch'}")
 
 
 def n_params(model: nn.Module) -> int:

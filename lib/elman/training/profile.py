@@ -1,6 +1,6 @@
 """Where a training step's time goes: one LadderLM training step as the trainer runs it (its own
 model and optimizer, bf16 autocast, clipping, schedule-free AdamW; `step.TrainStep`) split
-two ways, in one of three modes.
+three ways, in one of three modes and two setups.
 
 - By phase, with CUDA events over `steps` back-to-back steps (one host wait at the end):
   forward, backward, gradient clipping, optimizer step; tokens/s over the whole run.
@@ -9,20 +9,33 @@ two ways, in one of three modes.
   products, GEMMs, normalisation, copies and casts, elementwise work and reductions, the
   rest), the largest kernels by name, and the step time no kernel covers (`idle_ms`: launch
   gaps and host waits).
-- The spectral normalisation's forward alone (`spectral_forward_ms`: every layer's
-  parametrised W_h under autocast, as the forward computes it, its buffers put back).
+- By host op, with a dispatch mode over one eager step: the aten ops each phase issues, how
+  many of them copy (copy_, _to_copy, clone) and the megabytes those copies write.
+Besides, the spectral normalisation's forward alone (`spectral_forward_ms`: every layer's
+parametrised W_h under autocast, as the forward computes it, its buffers put back).
 
 Modes: `trainer` reads the loss and gradient norm on the host after clipping, as `elman
 train` does every step to stop before the optimizer step of a non-finite step (one host wait
 a step); `lean` reads nothing; `graph` replays forward, backward and clipping from a CUDA
-graph (`TrainStep(graph=True)`), the optimizer outside it. `trainer` is the step as the
-trainer took it before any of this; the other two say what the host wait and the launches
-cost.
+graph (`TrainStep(graph=True)`), the optimizer outside it.
 
-One record of kind 'bench', measure 'lm_profile' per configuration and mode (params.mode).
+Setups: `after` is the model as `elman train` builds it: a time-major residual stream
+(`LadderLM.time_major`), each layer's input made contiguous once (`RecurrentLayer.time_major`),
+the spectral norm in fp32 with one power iteration per training step (`core.spectral`).
+`before` turns those off: a batch-major stream, whose layers transpose their input and output
+(the input GEMMs copy the strided input, the norms and the output GEMM's backward copy the
+strided output), and the spectral norm's three iterations per forward under autocast (bf16
+matrix-vector products, W cast for each). Both run in one call, so one GPU run compares them.
+
+Records: one of kind 'bench', measure 'lm_profile', per configuration, setup and mode. params:
+measure, dim, depth, expansion, B, T, dtype, options, n_params, mode, setup, steps. metrics:
+phase_ms (median per phase and `step`), tokens_per_s (over the timed run),
+tokens_per_s_median_step, kernel_ms_by_category, kernel_ms_total, idle_ms,
+spectral_forward_ms, largest_kernels_ms ([name, ms] pairs), host_ops ({phase: {ops, copies,
+copy_mb}}), peak_mem_mb.
 `python -m elman.training.profile --level E1 --dim 1280 --depth 6 --batch 64` prints the
 breakdown; `--preset issue20` runs issue 20's four configurations (E0, E1, E42 at d1280 x 6,
-B 64, T 512; E1 at d640, expansion 2, depth 20, B 32) in every mode.
+B 64, T 512; E1 at d640, expansion 2, depth 20, B 32) in every setup and mode.
 """
 from __future__ import annotations
 
@@ -31,13 +44,17 @@ import re
 import sys
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..core import records
-from ..core.spectral import RecurrentWeight
+from ..core.layer import RecurrentLayer
+from ..core.spectral import spectral_weights
 from . import memory, train
-from .step import TrainStep
+from .step import TrainStep, loss_of
 
 MODES = ("trainer", "lean", "graph")
+SETUPS = ("before", "after")
+COPY_OPS = ("copy_", "_to_copy", "clone")  # .contiguous(), .to() and casts dispatch to these
 # (level, dim, depth, expansion, batch): issue 20's configurations, T = 512.
 PRESETS = {"issue20": (("E0", 1280, 6, 1.0, 64), ("E1", 1280, 6, 1.0, 64), ("E42", 1280, 6, 1.0, 64),
                        ("E1", 640, 20, 2.0, 32))}
@@ -82,11 +99,62 @@ def _run(step: TrainStep, data: torch.Tensor, mode: str, marks: list | None = No
     return loss
 
 
+def apply_setup(model: torch.nn.Module, setup: str) -> None:
+    """Put a model that `train.build` made into a profile setup (SETUPS; module docstring)."""
+    if setup not in SETUPS:
+        raise ValueError(f"setup must be one of {SETUPS}, got {setup!r}")
+    if setup == "after":
+        return
+    model.time_major = False
+    for m in model.modules():
+        if isinstance(m, RecurrentLayer):
+            m.contiguous_input = False
+    for w in spectral_weights(model):
+        w.step_iterations, w.fp32 = None, False
+
+
+class OpCount(TorchDispatchMode):
+    """Counts the aten ops dispatched while active (`phase` names where they go), the copies
+    among them and the megabytes the copies write."""
+
+    def __init__(self):
+        super().__init__()
+        self.phase = "forward"
+        self.counts: dict[str, dict[str, float]] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        c = self.counts.setdefault(self.phase, {"ops": 0, "copies": 0, "copy_mb": 0.0})
+        c["ops"] += 1
+        if func.overloadpacket.__name__ in COPY_OPS:
+            c["copies"] += 1
+            if isinstance(out, torch.Tensor):
+                c["copy_mb"] += out.numel() * out.element_size() / 2 ** 20
+        return out
+
+
+def host_ops(step: TrainStep, data: torch.Tensor) -> dict[str, dict[str, float]]:
+    """The aten ops of one eager training step by phase (forward, backward, clip, optimizer;
+    `OpCount`). A graph-mode step replays these ops' kernels; this runs them eagerly once more
+    (the graph's gradient tensors are overwritten by its next replay)."""
+    counter = OpCount()
+    with counter:
+        with step._amp(data.device.type):
+            loss = loss_of(step.forward, data)
+        counter.phase = "backward"
+        loss.backward()
+        counter.phase = "clip"
+        torch.nn.utils.clip_grad_norm_(step.params, step.clip)
+        counter.phase = "optimizer"
+        step.update()
+    return counter.counts
+
+
 def spectral_forward_ms(model: torch.nn.Module, reps: int = 20) -> float:
     """The spectral normalisation's forward per training step (ms): every spectrally
     normalised recurrent weight evaluated once under bf16 autocast with gradient, as the
     forward does; the power-iteration vectors are put back afterwards. 0 when there are none."""
-    weights = [m for m in model.modules() if isinstance(m, RecurrentWeight) and m.mode == "spectral_norm"]
+    weights = spectral_weights(model)
     if not weights:
         return 0.0
     saved = [w.u.clone() for w in weights]
@@ -108,14 +176,17 @@ def spectral_forward_ms(model: torch.nn.Module, reps: int = 20) -> float:
 
 def lm_profile_record(level: str, dim: int, depth: int, expansion: float = 1.0, batch: int = 64,
                       seq: int = 512, options: dict | None = None, steps: int = 10, top: int = 15,
-                      mode: str = "trainer") -> dict:
+                      mode: str = "trainer", setup: str = "after") -> dict:
     """Warm up two steps, time `steps` back-to-back steps by phase, then profile one step by
-    kernel, in `mode` (MODES)."""
+    kernel and count one step's host ops, in `mode` (MODES) and `setup` (SETUPS)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if setup not in SETUPS:
+        raise ValueError(f"setup must be one of {SETUPS}, got {setup!r}")
     if not torch.cuda.is_available():
         raise RuntimeError("lm_profile_record profiles GPU kernels: it needs a CUDA device")
     model, opt, data, cfg = memory.setup(level, dim, depth, expansion, batch, seq, options)
+    apply_setup(model, setup)
     step = TrainStep(model, opt, cfg["grad_clip"], graph=mode == "graph")
     for _ in range(2):
         _run(step, data, mode)
@@ -142,15 +213,16 @@ def lm_profile_record(level: str, dim: int, depth: int, expansion: float = 1.0, 
     largest = sorted(kernels.items(), key=lambda kv: -kv[1])[:top]
     kernel_total = sum(kernels.values())
     params = memory.step_params("lm_profile", model, cfg, options)
-    params.update(mode=mode, steps=steps)
+    params.update(mode=mode, setup=setup, steps=steps)
+    peak = torch.cuda.max_memory_allocated() / 2 ** 20
     rec = records.make("bench", model.level, f"lm:{model.backend}", params,
                        {"phase_ms": median, "tokens_per_s": batch * seq * steps / (total_ms / 1000),
                         "tokens_per_s_median_step": batch * seq / (median["step"] / 1000),
                         "kernel_ms_by_category": by_category, "kernel_ms_total": kernel_total,
                         "idle_ms": max(median["step"] - kernel_total, 0.0),
                         "spectral_forward_ms": spectral_forward_ms(model),
-                        "largest_kernels_ms": largest,
-                        "peak_mem_mb": torch.cuda.max_memory_allocated() / 2 ** 20})
+                        "largest_kernels_ms": largest, "host_ops": host_ops(step, data),
+                        "peak_mem_mb": peak})
     del step, model, opt
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
@@ -160,12 +232,16 @@ def lm_profile_record(level: str, dim: int, depth: int, expansion: float = 1.0, 
 def summary(rec: dict) -> str:
     m, p = rec["metrics"], rec["params"]
     mode = f", mode {p['mode']}" if "mode" in p else ""
+    mode += f", setup {p['setup']}" if "setup" in p else ""
     lines = [f"{rec['variant']} d{p['dim']} x {p['depth']} e {p['expansion']}, B {p['B']}, T {p['T']}{mode}: "
              f"{m['phase_ms']['step']:.1f} ms a step, {m['tokens_per_s']:,.0f} tokens/s",
              "phases (ms): " + ", ".join(f"{k} {v:.2f}" for k, v in m["phase_ms"].items() if k != "step")]
     if "idle_ms" in m:
         lines.append(f"GPU idle in a step {m['idle_ms']:.2f} ms; spectral norm forward "
                      f"{m['spectral_forward_ms']:.2f} ms a step")
+    if "host_ops" in m:
+        lines.append("host ops of an eager step (ops / copies / MB copied): " + ", ".join(
+            f"{ph} {c['ops']:.0f} / {c['copies']:.0f} / {c['copy_mb']:.0f}" for ph, c in m["host_ops"].items()))
     lines.append(f"GPU kernel time by category (ms, of {m['kernel_ms_total']:.2f}):")
     for name, ms in sorted(m["kernel_ms_by_category"].items(), key=lambda kv: -kv[1]):
         lines.append(f"  {name:28s} {ms:8.2f}  {100 * ms / max(m['kernel_ms_total'], 1e-9):5.1f} %")
@@ -178,18 +254,21 @@ def comparison(recs: list[dict]) -> str:
     """A table with one row per record (configuration and mode): tokens/s, step and phase
     times, idle time and the kernel time of each category."""
     cats = [name for name, _ in CATEGORIES] + ["other"]
-    head = ["level", "d x L (e)", "B", "mode", "tokens/s", "step ms", "fwd", "bwd", "clip", "opt",
-            "idle", "SN fwd", *cats]
+    head = ["level", "d x L (e)", "B", "setup", "mode", "tokens/s", "step ms", "fwd", "bwd", "clip",
+            "opt", "idle", "SN fwd", "copies", "copy MB", *cats]
     rows = []
     for r in recs:
         m, p, ph = r["metrics"], r["params"], r["metrics"]["phase_ms"]
         fused = ph.get("forward+backward+clip")  # graph mode: one replay
         split = ([f"{ph[k]:.2f}" for k in ("forward", "backward", "clip")] if fused is None
                  else [f"{fused:.2f} (all)", "", ""])
+        ops = m.get("host_ops", {}).values()
         rows.append([r["variant"], f"{p['dim']} x {p['depth']} ({p['expansion']:g})", str(p["B"]),
-                     p.get("mode", "-"), f"{m['tokens_per_s']:,.0f}", f"{ph['step']:.2f}", *split,
-                     f"{ph['optimizer']:.2f}", f"{m.get('idle_ms', 0.0):.2f}",
+                     p.get("setup", "-"), p.get("mode", "-"), f"{m['tokens_per_s']:,.0f}",
+                     f"{ph['step']:.2f}", *split, f"{ph['optimizer']:.2f}", f"{m.get('idle_ms', 0.0):.2f}",
                      f"{m.get('spectral_forward_ms', 0.0):.2f}",
+                     f"{sum(c['copies'] for c in ops):.0f}" if ops else "-",
+                     f"{sum(c['copy_mb'] for c in ops):.0f}" if ops else "-",
                      *(f"{m['kernel_ms_by_category'].get(c, 0.0):.2f}" for c in cats)])
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
     fmt = "  ".join(f"{{:{w}}}" for w in widths)
@@ -213,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--preset", choices=sorted(PRESETS), help="run a preset's configurations instead")
     p.add_argument("--mode", nargs="+", choices=MODES, default=list(MODES),
                    help="step modes to run (default all: trainer lean graph)")
+    p.add_argument("--setup", nargs="+", choices=SETUPS, default=list(SETUPS),
+                   help="setups to run (default both: before after)")
     p.add_argument("--steps", type=int, default=10, help="timed steps per configuration and mode")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--brief", action="store_true", help="print only the comparison table")
@@ -220,22 +301,22 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     options = train.parse_options(args.option)
     recs, failed = [], []
-    for level, dim, depth, expansion, batch in configs(args):
-        for mode in args.mode:
-            try:
-                rec = lm_profile_record(level, dim, depth, expansion, batch, args.seq, options,
-                                        steps=args.steps, mode=mode)
-            except Exception as exc:  # one configuration's failure (e.g. a capture) must not end the rest
-                failed.append(f"{level} d{dim} x {depth} e {expansion:g} B {batch} {mode}: "
-                              f"{type(exc).__name__}: {exc}")
-                print(f"FAILED {failed[-1]}", flush=True)
-                torch.cuda.empty_cache()
-                continue
-            recs.append(rec)
-            if not args.brief:
-                print(summary(rec), "\n", flush=True)
-            if args.record:
-                records.write([rec])
+    runs = [(c, setup, mode) for c in configs(args) for setup in args.setup for mode in args.mode]
+    for (level, dim, depth, expansion, batch), setup, mode in runs:
+        try:
+            rec = lm_profile_record(level, dim, depth, expansion, batch, args.seq, options,
+                                    steps=args.steps, mode=mode, setup=setup)
+        except Exception as exc:  # one configuration's failure (e.g. a capture) must not end the rest
+            failed.append(f"{level} d{dim} x {depth} e {expansion:g} B {batch} {setup} {mode}: "
+                          f"{type(exc).__name__}: {exc}")
+            print(f"FAILED {failed[-1]}", flush=True)
+            torch.cuda.empty_cache()
+            continue
+        recs.append(rec)
+        if not args.brief:
+            print(summary(rec), "\n", flush=True)
+        if args.record:
+            records.write([rec])
     if recs:
         print(comparison(recs))
     for line in failed:

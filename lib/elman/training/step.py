@@ -30,15 +30,16 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
+
+from .lm import next_byte_loss
 
 WARMUP_PASSES = 2  # eager forward+backward passes on a side stream before capture
 
 
 def loss_of(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
-    """Mean next-byte cross-entropy in fp32 of windows [B, T+1] (the logits cast up once)."""
-    logits = model(batch[:, :-1])
-    return F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
+    """Mean next-byte cross-entropy in fp32 of windows [B, T+1] (the logits cast up once, in
+    their storage order: `lm.next_byte_loss`)."""
+    return next_byte_loss(model(batch[:, :-1]), batch)
 
 
 class TrainStep:

@@ -65,7 +65,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from ..core import records
+from ..core import records, spectral
 from .data import DEFAULT_DATA, Batches, ByteData, DataError
 from .lm import LadderLM, n_params
 from .paths import PathProbe, summary as path_summary
@@ -78,7 +78,8 @@ EXIT_NONFINITE, EXIT_SIGINT, EXIT_SIGTERM = 3, 130, 143
 
 DEFAULTS: dict[str, Any] = {
     "level": "E1", "dim": 256, "depth": 4, "expansion": 1.0, "option": [], "backend": None,
-    "norm": "auto", "grad_checkpoint": False, "graph": False, "data": str(DEFAULT_DATA),
+    "norm": "auto", "grad_checkpoint": False, "graph": False, "power_iterations": 1,
+    "data": str(DEFAULT_DATA),
     "batch": 32, "seq": 512,
     "lr": 3e-4, "warmup": 1000, "betas": [0.9, 0.95], "weight_decay": 0.01, "grad_clip": 1.0,
     "seed": 42, "steps": None, "minutes": None, "precision": None, "device": None,
@@ -109,6 +110,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a("--graph", action="store_true", default=None,
       help="replay forward, backward and clipping from a CUDA graph (one GPU; the optimizer "
            "runs outside it; elman.training.step)")
+    a("--power-iterations", type=int,
+      help="spectral norm: power iterations per training step on the CUDA backend, the vector "
+           "kept across steps (default 1; the reference backend and evaluation run the "
+           "specification's 3 per forward; elman.core.spectral)")
     a("--data", help=f"raw byte file, .txt or packed .xz (default {DEFAULT_DATA.relative_to(records.ROOT)})")
     a("--batch", type=int, help=f"windows per step per rank (default {d['batch']})")
     a("--seq", type=int, help=f"T, bytes predicted per window (default {d['seq']})")
@@ -171,7 +176,8 @@ def config(args: argparse.Namespace) -> dict[str, Any]:
     cfg = {**DEFAULTS, **given}
     if cfg["steps"] is None and cfg["minutes"] is None:
         raise TrainError("give a budget: --steps N or --minutes M (the protocol is --minutes 10)")
-    for key in ("dim", "depth", "batch", "seq", "log_every", "val_every", "save_every"):
+    for key in ("dim", "depth", "batch", "seq", "log_every", "val_every", "save_every",
+                "power_iterations"):
         if cfg[key] < 1:
             raise TrainError(f"--{key.replace('_', '-')} must be positive, got {cfg[key]}")
     if cfg["val_windows"] < 0:
@@ -226,6 +232,8 @@ def build(cfg: dict, device: torch.device) -> tuple[LadderLM, schedulefree.AdamW
     model = LadderLM(cfg["level"], cfg["dim"], cfg["depth"], cfg["expansion"], backend=backend,
                      norm=cfg["norm"], gradient_checkpointing=cfg["grad_checkpoint"],
                      **parse_options(cfg["option"])).to(device)
+    if backend == "cuda":  # a configuration without the key: the specification's count
+        spectral.per_step(model, cfg.get("power_iterations", spectral.SPEC_ITERATIONS))
     opt = schedulefree.AdamWScheduleFree(param_groups(model, cfg["weight_decay"]), lr=cfg["lr"],
                                          betas=tuple(cfg["betas"]), warmup_steps=cfg["warmup"])
     opt.train()
@@ -525,6 +533,10 @@ def _run(cfg: dict, signals: _Signals) -> dict:
             if kernel_paths is None:
                 kernel_paths = probe.result()
                 probe.close()
+                log("kernels", step=k + 1, kernels=path_summary(kernel_paths), **kernel_paths)
+                if lead:
+                    bar.write(f"kernel paths: {path_summary(kernel_paths)}; backward "
+                              f"{kernel_paths['backward'] or '-'}")
             step = k + 1
             losses.append(loss_v)
             window.append((loss_v, gnorm_v))

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core.layer import RecurrentLayer, check_backend
+from ..core.spectral import power_iteration
 from ..families.twogemm import inputs, op as twogemm
 from ..families.twogemm.layers import factors
 
@@ -64,12 +65,7 @@ class ProductNorm(nn.Module):
         ct = torch.promote_types(u_f.dtype, torch.float32)
         prod = u_f.to(ct) @ v_f.to(ct)
         with torch.no_grad():
-            u = self.u.to(ct)
-            for _ in range(self.iters):
-                w = prod.t() @ u
-                w = w / (w.norm() + 1e-8)
-                u = prod @ w
-                u = u / (u.norm() + 1e-8)
+            u, w = power_iteration(prod, self.u.to(ct), self.iters)
             if self.training:
                 self.u.copy_(u)
         sigma = (u @ (prod @ w)).abs()
