@@ -527,7 +527,6 @@ def test_chapter_records_write_each_shape_and_resume(monkeypatch, tmp_path):
     from elman.core import records
     from elman.families.dense import bench as dense_bench
     from elman.families.twogemm import bench
-    from elman.harness import bench as harness
 
     monkeypatch.setenv("ELMAN_RUN_DIR", str(tmp_path))
     monkeypatch.setattr(op, "paths", lambda B, D, dtype, rank=None, slots=None:
@@ -542,24 +541,29 @@ def test_chapter_records_write_each_shape_and_resume(monkeypatch, tmp_path):
         if (B, D) in stop:
             raise KeyboardInterrupt  # the stage's time limit
         return [rec(entry.name, bench.BENCH_IMPL.get(i, i), B, D, T) for i in impls]
-    monkeypatch.setattr(bench, "cell_records", cell)
-    monkeypatch.setattr(harness, "ensure_parity", lambda e, dtype: {})
-    monkeypatch.setattr(harness, "layer_record", lambda e, B, D, T, quick=False: (
-        calls.append((e.name, B, D, "layer")), rec(e.name, "cuda:graph", B, D, T, "layer"))[1])
-    monkeypatch.setattr(dense_bench, "cell_records", lambda e, B, D, T, quick=False, impls=(): (
-        calls.append((e.name, B, D, impls)), [rec(e.name, "cuda:persistent", B, D, T)])[1])
 
+    def layer(e, B, D, T, quick=False):
+        calls.append((e.name, B, D, "layer"))
+        return rec(e.name, "cuda:graph", B, D, T, "layer")
+
+    def e1_cell(e, B, D, T, quick=False, impls=()):
+        calls.append((e.name, B, D, impls))
+        return [rec(e.name, "cuda:persistent", B, D, T)]
+    monkeypatch.setattr(bench, "cell_records", cell)
+    monkeypatch.setattr(dense_bench, "cell_records", e1_cell)
     plan = bench.chapter_plan(["E4"], [4, 64], [512, 1024])
+    args = (plan, [registry.get("E4")], registry.get("E1"), layer, lambda e, dtype: {})
     with pytest.raises(KeyboardInterrupt):
-        bench.chapter_records(plan, T=16)
+        bench.chapter_records(*args, T=16)
     kept = {(r["variant"], r["params"]["B"], r["params"]["D"]) for r in records.read([tmp_path])}
     assert kept == {(v, B, 512) for v in ("E4", "E1") for B in (4, 64)}
     assert ("E4", 4, 512, ("cuda:persistent", "cuda:graph", "cuda:steps", "torch:eager")) in calls
+    assert ("E4", 4, 512, "layer") in calls
     calls.clear()
     stop.clear()
-    new = bench.chapter_records(plan, T=16)
+    new = bench.chapter_records(*args, T=16)
     assert calls == [("E4", 4, 1024, ("cuda:graph",)), ("E1", 4, 1024, ("cuda:persistent",)),
                      ("E4", 64, 1024, ("cuda:graph",)), ("E1", 64, 1024, ("cuda:persistent",))]
     assert len(new) == 4 and len(records.read([tmp_path])) == 9 + 4
     calls.clear()
-    assert bench.chapter_records(plan, T=16) == [] and calls == []
+    assert bench.chapter_records(*args, T=16) == [] and calls == []

@@ -2,6 +2,7 @@
 
 `cell_records` times the variant's cell, as its parity cases call it (the time-parallel input
 projections inside, every gradient in the backward), on each path of the op:
+`cuda:persistent` (one launch for the whole sequence, where the kernel takes the size),
 `cuda:steps+graph` (the per-step loop replayed from a CUDA graph: the op's path "graph"),
 `cuda:steps` (launched from the stream) and
 `torch:eager` (the reference, a sequential PyTorch loop, in bf16). `per_step_us` = forward / T.
@@ -18,6 +19,7 @@ issue's shape B = 4, D = 512 only.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -149,35 +151,35 @@ def _key(r: dict) -> tuple:
             r["impl"] if p["measure"] == "cell" else None)
 
 
-def chapter_records(plan: list[Planned], T: int = T_DEFAULT, quick: bool = False,
-                    beside: str = "E1") -> list[dict]:
-    """Run a `chapter_plan` into the current run folder shape by shape, with `beside`'s
-    persistent cell at every shape. Each shape's records are written when the shape is done,
-    and what the run already holds is not measured again: a chapter stopped by a time limit
-    keeps every finished shape, and a rerun into the same folder resumes. The variants' CUDA
-    paths are gated on their parity in this run. Returns the new records."""
-    from ... import registry
-    from ...harness import bench as harness
-
+def chapter_records(plan: list[Planned], entries: list[Entry], beside: Entry,
+                    layer_record: Callable[..., dict], parity_of: Callable[[Entry, str], dict],
+                    T: int = T_DEFAULT, quick: bool = False) -> list[dict]:
+    """Run a `chapter_plan` of these `entries` into the current run folder shape by shape, with
+    `beside`'s persistent cell (its family's benchmark) at every shape. The harness gives
+    `layer_record(entry, B, D, T, quick=)` (a whole layer) and `parity_of(entry, dtype)`
+    ({impl: passed} in this run), which gates the variants' CUDA paths. Each shape's records
+    are written when the shape is done, and what the run already holds is not measured again:
+    a chapter stopped by a time limit keeps every finished shape, and a rerun into the same
+    folder resumes. Returns the new records."""
     run = records.run_dir()
     done = {_key(r) for r in records.read([run], kind="bench")}
-    gates: dict[str, dict[str, bool]] = {}
+    by_name = {e.name: e for e in entries}
+    gates: dict[str, dict] = {}
     new: list[dict] = []
     for B, D in dict.fromkeys((p.B, p.D) for p in plan):
         recs: list[dict] = []
         for p in (p for p in plan if (p.B, p.D) == (B, D)):
-            e = registry.get(p.variant)
+            e = by_name[p.variant]
             todo = tuple(i for i in p.impls if i in impls_at(e, B, D)
                          and (e.name, "cell", T, B, D, BENCH_IMPL.get(i, i)) not in done)
             if todo:
                 if e.name not in gates:
-                    gates[e.name] = harness.ensure_parity(e, "bfloat16")
+                    gates[e.name] = parity_of(e, "bfloat16")
                 recs += cell_records(e, B, D, T, quick=quick, impls=todo, gate=gates[e.name])
             if p.layer and (e.name, "layer", T, B, D, None) not in done:
-                recs.append(harness.layer_record(e, B, D, T, quick=quick))
-        if (beside, "cell", T, B, D, "cuda:persistent") not in done:
-            recs += dense_bench.cell_records(registry.get(beside), B, D, T, quick=quick,
-                                             impls=("cuda:persistent",))
+                recs.append(layer_record(e, B, D, T, quick=quick))
+        if (beside.name, "cell", T, B, D, "cuda:persistent") not in done:
+            recs += dense_bench.cell_records(beside, B, D, T, quick=quick, impls=("cuda:persistent",))
         if recs:
             records.write(recs, run)
         done.update(_key(r) for r in recs)
