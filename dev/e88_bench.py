@@ -12,6 +12,7 @@ import torch
 
 from elman.core.timing import warm_up
 from elman.families.matrix import bench, op
+from elman.harness import probes
 
 
 def _layouts(n: int, v: int, K: int) -> list[tuple[int, int]]:
@@ -40,7 +41,7 @@ def main() -> None:
     print(f"E88 recurrence, B={a.B} T={a.T} H={a.H} n={a.n} v={a.v}, bf16 q/k/v, fp32 state and decay")
     recs = [bench.recurrence_record("E88", sets, a.D, K, g, slots) for K in a.K for g, slots in _layouts(a.n, a.v, K)]
     print(bench.recurrence_table(recs))
-    recs += bench.primitive_records()
+    recs += probes.floor_records()
     print(bench.primitive_lines(recs))
     print(bench.floor_table(recs))
 

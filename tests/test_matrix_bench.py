@@ -44,7 +44,7 @@ def _layer(level: str, ms: float, K: int | None = None) -> dict:
 
 def _primitives(sms: int = 100) -> list[dict]:
     """Copy 2000 GB/s, tanh.approx 32 and FMA 128 a clock per SM, 2 GHz, `sms` SMs."""
-    copy = records.make("bench", "primitive", "copy", {"measure": "copy", "bytes": bench.COPY_BYTES},
+    copy = records.make("bench", "primitive", "copy", {"measure": "copy", "bytes": 2 ** 30},
                         {"ms": _timing(0.5), "gb_per_s": 2000.0})
     rates = [records.make("bench", "primitive", name, {"measure": "throughput", "op": name},
                           {"per_clock_per_sm": rate, "cycles": 1.0})
@@ -150,8 +150,6 @@ def test_recurrence_table_and_plot():
 def test_chapter_records_resume(tmp_path, monkeypatch):
     """Each measurement is written when it is made; a rerun into the same run folder measures
     only what the run does not hold yet."""
-    from elman.harness import bench as harness
-
     monkeypatch.setenv("ELMAN_RUN_DIR", str(tmp_path))
     made: list[tuple] = []
 
@@ -169,11 +167,11 @@ def test_chapter_records_resume(tmp_path, monkeypatch):
 
     monkeypatch.setattr(bench, "input_sets", lambda *a, **k: [])
     monkeypatch.setattr(bench, "recurrence_record", fake_recurrence)
-    monkeypatch.setattr(bench, "primitive_records", fake_primitives)
-    monkeypatch.setattr(harness, "layer_record", fake_layer)
     flagship = registry.get("E88h83n32")
+    fakes = dict(layer_record=fake_layer, primitive_records=fake_primitives)
+    baselines = (registry.get("fla-gdn"), registry.get("mamba2"))
 
-    new = bench.chapter_records(flagship, B, D, T, (8, 16), ("fla-gdn", "mamba2"))
+    new = bench.chapter_records(flagship, B, D, T, (8, 16), baselines, **fakes)
     layouts = [op.WARP, op.RING, op.TILED, op.COLUMNS]
     assert made[:8] == [("recurrence", K, g) for K in (8, 16) for g in layouts]
     assert made[8] == ("primitives", ("copy", "throughput", "clock"))
@@ -182,11 +180,11 @@ def test_chapter_records_resume(tmp_path, monkeypatch):
     path = tmp_path / "records.jsonl"
     assert len(path.read_text().splitlines()) == len(new) == 8 + 6 + 4
     made.clear()
-    assert bench.chapter_records(flagship, B, D, T, (8, 16), ("fla-gdn", "mamba2")) == [] and made == []
+    assert bench.chapter_records(flagship, B, D, T, (8, 16), baselines, **fakes) == [] and made == []
     # a run stopped after its first records: the rerun measures the rest only
     kept = path.read_text().splitlines()[:3]
     path.write_text("\n".join(kept) + "\n")
-    bench.chapter_records(flagship, B, D, T, (8, 16), ("fla-gdn", "mamba2"))
+    bench.chapter_records(flagship, B, D, T, (8, 16), baselines, **fakes)
     assert made[:5] == [("recurrence", 8, op.COLUMNS)] + [("recurrence", 16, g) for g in layouts]
     assert made[5] == ("primitives", ("copy", "throughput", "clock")) and len(made) == 10
     keys = [bench.record_key(json.loads(line)) for line in path.read_text().splitlines()]
@@ -194,7 +192,7 @@ def test_chapter_records_resume(tmp_path, monkeypatch):
     # a core without passing parity in the run: no recurrence and no layer of the level
     made.clear()
     monkeypatch.setenv("ELMAN_RUN_DIR", str(tmp_path / "other"))
-    bench.chapter_records(flagship, B, D, T, (16,), (), gate={"cuda:core": False})
+    bench.chapter_records(flagship, B, D, T, (16,), (), gate={"cuda:core": False}, **fakes)
     assert [m[0] for m in made] == ["primitives"]
 
 

@@ -4,6 +4,9 @@ step is built from and where it spends its time.
 - `primitive_records`: the per-operation cost of the synchronisation primitives a step
   pays (launches, grid and cluster barriers, flags, DSMEM, all-gathers, a small GEMM).
 - `clock_records`: the SM clock a kernel runs at, by the kind of work it does.
+- `floor_records`: what a kernel's floor is computed from (the matrix family's `floor`): a
+  device-to-device copy's bandwidth (`copy_record`), tanh.approx and FMA issue rates
+  (`throughput_records`), the SM clock.
 - `trace_record`: CTA 0's clock at the phase boundaries of every persistent forward step.
 """
 from __future__ import annotations
@@ -22,6 +25,7 @@ TRACE_PHASES = ("wait for state", "multiply", "inputs + partials", "epilogue", "
 ALLGATHER_METHODS = ("st_async", "bulk", "multicast")  # the dev extension's allgather methods
 CLOCK_WORK = ("fma", "mma", "mma_bursts")  # the dev extension's clock_probe work kinds
 CLOCK_SMS = (16, 32, 128)
+COPY_BYTES = 2 ** 30  # moved by the bandwidth probe: 512 MiB read, 512 MiB written (far beyond the L2)
 
 
 def primitive_records(iters: int = 2000) -> list[dict]:
@@ -151,3 +155,27 @@ def trace_record(entry: Entry, B: int, D: int, T: int = T_DEFAULT) -> dict | Non
                         {"measure": "trace", **Shape(T, B, D).params(), "dtype": "bfloat16"},
                         {"sm_clock_ghz": ghz, "step_ns": step,
                          "phase_ns": dict(zip(TRACE_PHASES, phases.tolist()))})
+
+
+def copy_record(nbytes: int = COPY_BYTES, reps: int = 30) -> dict:
+    """Measure 'copy': a device-to-device copy that reads nbytes / 2 and writes nbytes / 2;
+    gb_per_s counts both."""
+    src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda").random_(0, 256)
+    dst = torch.empty_like(src)
+    t = timeit(lambda i: dst.copy_(src), reps, 5)
+    del src, dst
+    return records.make("bench", "primitive", "copy", {"measure": "copy", "bytes": nbytes},
+                        {"ms": t, "gb_per_s": nbytes / t["median"] / 1e6})
+
+
+def floor_records(parts: tuple[str, ...] = ("copy", "throughput", "clock")) -> list[dict]:
+    """The floor's primitives (`parts` of them): copy bandwidth, tanh.approx and FMA issue
+    rates, the SM clock."""
+    out = []
+    if "copy" in parts:
+        out.append(copy_record())
+    if "throughput" in parts:
+        out += throughput_records()
+    if "clock" in parts:
+        out += clock_records()
+    return out

@@ -5,10 +5,9 @@ decay and state), timed as core.timing times.
   forward, backward (from the forward's checkpoints) and forward + backward, their ratio, the
   peak memory of one forward + backward, and the bytes each direction must move
   (`traffic_bytes`). Params carry the layout and K.
-- `primitive_records`: what the floor is computed from, measured on the same GPU: the bandwidth
-  of a device-to-device copy (measure 'copy'), the issue rates of tanh.approx and FP32 FMA per SM
-  and clock (measure 'throughput') and the SM clock under FMA work (measure 'clock'; both from
-  elman.harness.probes and the development extension).
+- the floor's primitives (measures 'copy', 'throughput', 'clock') are measured by
+  elman.harness.probes.floor_records on the same GPU: a device-to-device copy's bandwidth, the
+  issue rates of tanh.approx and FP32 FMA per SM and clock, the SM clock under FMA work.
 - `floor`: per direction, the time its bytes take at the copy bandwidth and the time its tanh
   and FMA-pipe instructions take at the measured rates; the largest bounds any kernel
   (`floor_table`; `standing_table` puts every timed layout against it).
@@ -21,6 +20,8 @@ seed study's 480M shape that is `elman bench --levels E88h83n32 fla-gdn mamba2 -
 --T 512`, which also times the whole layers beside each other.
 """
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 
@@ -42,7 +43,6 @@ FMA_OPS = {"fwd": 4, "bwd": 13}
 # tanh.approx a state element a step: the forward's, and the backward's recompute of each state
 # once (a schedule that keeps a whole chunk on chip; fewer slots recompute more).
 TANH_PASSES = {"fwd": 1, "bwd": 1}
-COPY_BYTES = 2 ** 30  # moved by the bandwidth probe: 512 MiB read, 512 MiB written (far beyond the L2)
 BOUNDS = ("memory", "tanh", "fma")
 
 
@@ -195,32 +195,6 @@ def recurrent_layer_records(entry: Entry, B: int, D: int, T: int = T_DEFAULT, re
 
 
 # ---- the floor ----------------------------------------------------------------------------
-def copy_record(nbytes: int = COPY_BYTES, reps: int = 30) -> dict:
-    """Measure 'copy': a device-to-device copy that reads nbytes / 2 and writes nbytes / 2;
-    gb_per_s counts both."""
-    src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda").random_(0, 256)
-    dst = torch.empty_like(src)
-    t = timeit(lambda i: dst.copy_(src), reps, 5)
-    del src, dst
-    return records.make("bench", "primitive", "copy", {"measure": "copy", "bytes": nbytes},
-                        {"ms": t, "gb_per_s": nbytes / t["median"] / 1e6})
-
-
-def primitive_records(parts: tuple[str, ...] = ("copy", "throughput", "clock")) -> list[dict]:
-    """The floor's primitives (`parts` of them): copy bandwidth, tanh.approx and FMA issue rates,
-    the SM clock."""
-    from ...harness import probes  # the development extension's probes
-
-    out = []
-    if "copy" in parts:
-        out.append(copy_record())
-    if "throughput" in parts:
-        out += probes.throughput_records()
-    if "clock" in parts:
-        out += probes.clock_records()
-    return out
-
-
 def primitives(recs: list[dict]) -> dict[str, float] | None:
     """The measured primitives among `recs` (one run's): copy GB/s (read + write), tanh.approx
     and FMA a clock per SM, the SM clock (GHz) under FMA work on the most SMs probed, the SMs;
@@ -445,15 +419,15 @@ def record_key(r: dict) -> tuple:
 
 
 def chapter_records(entry: Entry, B: int, D: int, T: int = T_DEFAULT, Ks: tuple[int, ...] = (op.CHECKPOINT,),
-                    beside: tuple[str, ...] = (), quick: bool = False, gate: dict[str, bool] | None = None,
-                    reps: int = 30) -> list[dict]:
+                    beside: tuple[Entry, ...] = (), quick: bool = False, gate: dict[str, bool] | None = None,
+                    reps: int = 30, *, layer_record: Callable[..., dict],
+                    primitive_records: Callable[[tuple[str, ...]], list[dict]]) -> list[dict]:
     """A chapter's benchmark run into the current run folder: the entry's recurrence on every
-    layout at every K, the floor's primitives, the entry's whole layer at every K and each level
-    of `beside` at its default. Each record is written as soon as it is measured; what the run
-    already holds is not measured again. Returns the new records."""
-    from ... import registry
-    from ...harness import bench as harness
-
+    layout at every K, the floor's primitives, the entry's whole layer at every K and each entry
+    of `beside` at its default. The harness gives `layer_record(entry, B, D, T, quick=, **options)`
+    (a whole layer) and `primitive_records(parts)` (the floor's primitives: 'copy', 'throughput',
+    'clock'). Each record is written as soon as it is measured; what the run already holds is
+    not measured again. Returns the new records."""
     run = records.run_dir()
     done = {record_key(r) for r in records.read([run], kind="bench")}
     new: list[dict] = []
@@ -481,13 +455,13 @@ def chapter_records(entry: Entry, B: int, D: int, T: int = T_DEFAULT, Ks: tuple[
         except (RuntimeError, ImportError) as exc:  # the development extension did not build
             print(f"primitives: {exc}".splitlines()[0])
     layers = [(entry, K) for K in Ks] if ok and (gate is None or all(gate.values())) else []
-    layers += [(registry.get(name), None) for name in beside]
+    layers += [(e, None) for e in beside]
     for e, K in layers:
         if ("layer", e.name, T, B, D, K) in done:
             continue
         opts = {} if K is None else {"checkpoint": K, "impl": f"cuda:matrix:{op.layout_name(n, v)}:K{K}"}
         try:
-            keep([harness.layer_record(e, B, D, T, quick=quick, **opts)])
+            keep([layer_record(e, B, D, T, quick=quick, **opts)])
         except (RuntimeError, ImportError, ValueError) as exc:  # a baseline library missing or refusing
             torch.cuda.empty_cache()
             print(f"{e.name}: {exc}".splitlines()[0])
