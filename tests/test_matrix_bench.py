@@ -202,3 +202,13 @@ def test_cell_records_time_every_layout(monkeypatch):
     monkeypatch.setattr(bench, "recurrence_record", lambda level, sets, D_, K, g, slots, reps: calls.append((K, g)))
     bench.cell_records(e88.ENTRIES[0], B, D, T)
     assert calls == [(op.CHECKPOINT, g) for g in (op.WARP, op.RING, op.TILED, op.COLUMNS)]
+
+
+def test_sm_rates_count_every_cta_of_an_sm_over_its_whole_span():
+    """Two CTAs that ran one after the other on SM 0 (each 100 clocks) and two side by side on SM
+    1: 2 x 1000 instructions over 200 and over 100 clocks. A median of per-CTA cycles would
+    read 1000 / 100 per CTA on both, 2x too high on SM 0."""
+    from elman.harness import probes
+
+    out = torch.tensor([[0, 0, 100], [0, 100, 200], [1, 50, 150], [1, 50, 150]], dtype=torch.int64)
+    assert probes.sm_rates(out.flatten(), 1000).tolist() == [10.0, 20.0]

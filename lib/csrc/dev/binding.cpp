@@ -90,8 +90,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   }, py::arg("work"), py::arg("blocks"), py::arg("rounds"), py::arg("out"));
   m.def("throughput", [](int64_t op, int64_t blocks, int64_t threads, int64_t iters,
                          const at::Tensor& out, const at::Tensor& sink) {
-    if (!(out.is_cuda() && out.is_contiguous() && out.scalar_type() == at::kLong && out.numel() >= blocks))
-      value_error("out must be a contiguous CUDA int64 tensor of at least `blocks` elements");
+    if (!(out.is_cuda() && out.is_contiguous() && out.scalar_type() == at::kLong && out.numel() >= 3 * blocks))
+      value_error("out must be a contiguous CUDA int64 tensor of at least 3 * blocks elements");
     if (!(sink.is_cuda() && sink.scalar_type() == at::kFloat && sink.numel() >= 1))
       value_error("sink must be a CUDA float32 tensor of at least one element");
     elman::check::cuda(elman::launch_throughput(current_stream(), int(op), int(blocks), int(threads),

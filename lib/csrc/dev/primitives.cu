@@ -196,7 +196,9 @@ __global__ void clock_probe_kernel(int work, int rounds, long long* out) {
 
 // Issue rate of one instruction kind per SM per clock: every thread runs 8 independent chains
 // of `iters` instructions (op 0 tanh.approx.f32, 1 ex2.approx.f32, 2 fma.rn.f32), so latency
-// is hidden by the chains and the warps; out[b] = CTA b's cycles (clock64) for the loop.
+// is hidden by the chains and the warps. out[3b .. 3b + 2] = CTA b's SM and its clock64 before
+// and after the loop: the SM's clock is one counter, so the span from its first CTA's start to
+// its last CTA's end covers every instruction the SM ran, however the CTAs overlapped.
 template <int kOp>
 __global__ void throughput_kernel(int iters, long long* out, float* sink) {
   float x[8];
@@ -214,7 +216,13 @@ __global__ void throughput_kernel(int iters, long long* out, float* sink) {
   }
   __syncthreads();
   const long long c1 = clock64();
-  if (threadIdx.x == 0) out[blockIdx.x] = c1 - c0;
+  if (threadIdx.x == 0) {
+    unsigned sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    out[3 * blockIdx.x] = sm;
+    out[3 * blockIdx.x + 1] = c0;
+    out[3 * blockIdx.x + 2] = c1;
+  }
   float s = 0.f;
 #pragma unroll
   for (int c = 0; c < 8; ++c) s += x[c];

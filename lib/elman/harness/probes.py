@@ -104,27 +104,40 @@ def clock_records() -> list[dict]:
 THROUGHPUT_OPS = ("tanh_approx", "ex2_approx", "fma")
 
 
+def sm_rates(out: torch.Tensor, per_cta: float) -> torch.Tensor:
+    """Per SM, the instructions its CTAs ran over the span of its clock from the first CTA's
+    start to the last CTA's end; `out` holds (SM, start, end) per CTA, `per_cta` the
+    instructions of one CTA."""
+    sm, start, end = out.view(-1, 3).cpu().double().unbind(1)
+    rates = []
+    for s in sm.unique():
+        on = sm == s
+        rates.append(on.sum().item() * per_cta / (end[on].max() - start[on].min()).item())
+    return torch.tensor(rates, dtype=torch.float64)
+
+
 def throughput_records(iters: int = 4096) -> list[dict]:
     """Issue rate of one instruction kind per SM per clock (tanh.approx.f32, ex2.approx.f32,
-    fp32 FMA): 4 CTAs of 256 threads an SM, all resident, each thread 8 independent chains of
-    `iters` instructions; the rate is the instructions over the SMs and the CTAs' median
-    cycles (clock64). What a nonlinear recurrence's elementwise work can cost at best."""
+    fp32 FMA): 4 CTAs of 256 threads an SM, each thread 8 independent chains of `iters`
+    instructions; per SM the instructions of its CTAs over its clock's span from the first
+    start to the last end (however the scheduler placed and overlapped the CTAs), the median
+    over the SMs. What a nonlinear recurrence's elementwise work can cost at best."""
     ext = extension.load("dev")
     warm_up()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     blocks, threads = 4 * sms, 256
-    out = torch.zeros(blocks, dtype=torch.int64, device="cuda")
+    out = torch.zeros(3 * blocks, dtype=torch.int64, device="cuda")
     sink = torch.zeros(1, device="cuda")
     recs = []
     for k, name in enumerate(THROUGHPUT_OPS):
         for _ in range(3):  # the last launch counts
             ext.throughput(k, blocks, threads, iters, out, sink)
         torch.cuda.synchronize()
-        cycles = out.double().median().item()
-        rate = blocks * threads * 8 * iters / (sms * cycles)
+        rates = sm_rates(out, threads * 8 * iters)
         recs.append(records.make("bench", "primitive", name, {"measure": "throughput", "op": name,
                                                              "blocks": blocks, "threads": threads},
-                                 {"per_clock_per_sm": rate, "cycles": cycles}))
+                                 {"per_clock_per_sm": rates.median().item(), "min": rates.min().item(),
+                                  "max": rates.max().item(), "sms": len(rates)}))
     return recs
 
 
