@@ -15,7 +15,7 @@ namespace elman {
 struct MatrixArgs {
   int T = 0, B = 0, H = 0, n = 0, v = 0, K = 16;
   int step = 0;          // index into the step table (steps.cuh)
-  int group = 0;         // 0: the tiled kernels where they fit, else 4 threads a column; 4: those
+  int group = 0;         // the layout (below: 0 the fastest that runs, 1 warp, 2 tiled, 3 ring, 4 columns)
   int slots = 0;         // backward: states kept on chip per sub-chunk (0: the most that fit)
   bool column = false;
   bool bf16 = false;
