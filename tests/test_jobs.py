@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 
 from book_pages import ROOT
+from elman.results import leaderboard
 
 spec = importlib.util.spec_from_file_location("make_jobs", ROOT / "scripts" / "make_jobs.py")
 make_jobs = importlib.util.module_from_spec(spec)
@@ -26,5 +28,31 @@ def test_second_seed_gets_its_own_name():
 def test_committed_job_files_match_the_generator():
     for table in ("50m", "100m"):
         written = (ROOT / "scripts" / f"train_{table}.jobs").read_text().splitlines()
-        assert written == make_jobs.jobs(table, None, 42, 10), \
+        assert written == make_jobs.table_jobs(table), \
             f"scripts/train_{table}.jobs is stale: python scripts/make_jobs.py {table} > scripts/train_{table}.jobs"
+
+
+def _runs(text: str) -> list[tuple[str, str]]:
+    return [(re.search(r"--level (\S+)", l).group(1), re.search(r"--seed (\d+)", l).group(1))
+            for l in text.splitlines() if l.startswith("python3")]
+
+
+def test_job_files_hold_every_row_at_seed_42_and_e1_at_seed_43():
+    for table in ("50m", "100m"):
+        runs = _runs((ROOT / "scripts" / f"train_{table}.jobs").read_text())
+        assert runs == [(lv, "42") for lv in leaderboard.TABLES[table].levels] + [("E1", "43")]
+
+
+def _row(level, seed, val_bits):
+    t = leaderboard.TABLES["50m"]
+    return {"name": leaderboard.run_name(level, 1280, 6, seed), "level": level, "dim": 1280, "depth": 6,
+            "batch": t.batch, "seq": t.seq, "minutes": t.minutes, "lr": t.lr, "data": leaderboard.DATA,
+            "seed": seed, "expansion": 1.0, "option": [], "run": "r", "val_bits": val_bits}
+
+
+def test_second_seeds_take_the_top_models_without_one():
+    rows = [_row(lv, 42, 1.0 + i / 10) for i, lv in enumerate(("E42", "E1", "E33", "E0", "E39", "llama"))]
+    rows.append(_row("E33", 43, 1.25))  # E33 has its second seed already
+    runs = _runs("\n".join(make_jobs.second_seeds("50m", rows, 5)))
+    assert runs == [("E42", "43"), ("E0", "43"), ("E39", "43")]  # E1's is in the table's file
+    assert make_jobs.second_seeds("50m", rows[1:3] + rows[-1:], 2)[0].startswith("# 50m table: no second seed")

@@ -46,8 +46,11 @@ def rows(recs: list[dict]) -> list[dict]:
                     "val_bits": m.get("val_bits"), "val_bits_se": m.get("val_bits_se"),
                     "val_se": m.get("val_se"), "val_windows": m.get("val_windows"),
                     "val_per_source": m.get("val_per_source"), "data_passes": m.get("data_passes"),
-                    "tokens_per_s_mean": m.get("tokens_per_s_mean"),
-                    "kernels": m.get("kernels")})
+                    "tokens_per_s_mean": m.get("tokens_per_s_mean"), "elapsed_s": m.get("elapsed_s"),
+                    "kernels": m.get("kernels"), "kernel_paths": m.get("kernel_paths"),
+                    "seed": p.get("seed"), "minutes": p.get("minutes"), "lr": p.get("lr"),
+                    "expansion": p.get("expansion"), "option": p.get("option") or [],
+                    "data": p.get("data"), "data_sha256": p.get("data_sha256")})
 
     def key(row: dict) -> tuple:
         v = row["val_loss"] if row["val_loss"] is not None else row["last100"]
@@ -56,8 +59,10 @@ def rows(recs: list[dict]) -> list[dict]:
 
 
 def read_log(runs: Path, row: dict) -> dict[str, list]:
-    """A table row's JSONL log as columns: train lines (step, loss, tokens_per_s, ...) and
-    val lines (step, val_loss); a step logged twice (after a resume) keeps its last line.
+    """A table row's JSONL log as columns: train lines (step, loss, tokens_per_s, lr,
+    grad_norm, elapsed_s: training seconds without evaluation pauses; None where a line lacks
+    it) and val lines (step, val_loss, val_se, per-source loss); a step logged twice (after a
+    resume) keeps its last line.
     `runs` is the row's run folder or the folder that holds it."""
     folder = Path(runs) / row["run"] if (Path(runs) / row["run"]).is_dir() else Path(runs)
     train, val = {}, {}
@@ -67,10 +72,10 @@ def read_log(runs: Path, row: dict) -> dict[str, list]:
             train[e["step"]] = e
         elif e["kind"] == "val":
             val[e["step"]] = e
-    cols: dict[str, list] = {k: [] for k in ("step", "loss", "tokens_per_s", "lr", "grad_norm")}
+    cols: dict[str, list] = {k: [] for k in ("step", "loss", "tokens_per_s", "lr", "grad_norm", "elapsed_s")}
     for s in sorted(train):
         for k in cols:
-            cols[k].append(train[s][k])
+            cols[k].append(train[s].get(k))
     cols["val_step"] = sorted(val)
     cols["val_loss"] = [val[s]["val_loss"] for s in sorted(val)]
     cols["val_se"] = [val[s].get("val_se") for s in sorted(val)]
