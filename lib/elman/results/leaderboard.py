@@ -201,17 +201,9 @@ def kernel_flag(row: dict) -> str:
     names = set().union(*(path_names(layer) for layer in layers)) if layers else set()
     if names & set(SLOW_PATHS) or any(layer.get("backend") == "reference" for layer in layers):
         return "⚠"
-    if "pytorch" in names and _is_variant(row["level"]):
+    if "pytorch" in names and row.get("family") is not None:  # a variant (a baseline has no family)
         return "?"
     return ""
-
-
-def _is_variant(level: str) -> bool:
-    from .. import registry
-    try:
-        return registry.get(level).kind == "variant"
-    except KeyError:
-        return True
 
 
 def bits_text(row: dict) -> str:
@@ -342,24 +334,22 @@ DEMO = Table("demo", "CPU demo (not a result)",
 DEMO_RUNS = (("E1", SEED), ("E1", SECOND_SEED), ("E0", SEED), ("E42", SEED))
 
 
-def demo_board(folder: Path) -> Board:
-    """Runs DEMO_RUNS with `elman train` on the CPU (the debian-mix test slice, d32 x 2, 60 steps)
-    into folder/demo and returns their board: the page's parts before any record is pinned."""
-    import contextlib
-    import io
-
-    from ..core import records
-    from ..training import train
-    from ..training.data import MIX_SLICE
-
-    parser = train.argparse.ArgumentParser()
-    train.add_arguments(parser)
+def demo_args(folder: Path, data: Path) -> list[list[str]]:
+    """`elman train` arguments of DEMO_RUNS on the CPU (d32 x 2, 60 steps on `data`, a small
+    slice) into folder/demo; `demo_board(folder)` reads them back: the page's parts before any
+    record is pinned."""
+    out = []
     for level, seed in DEMO_RUNS:
-        args = ["--level", level, "--dim", "32", "--depth", str(DEMO.depth), "--batch", str(DEMO.batch),
-                "--seq", str(DEMO.seq), "--lr", str(DEMO.lr), "--warmup", "20", "--steps", "60",
-                "--seed", str(seed), "--log-every", "10", "--val-every", "30", "--val-windows", "16",
-                "--data", str(MIX_SLICE), "--device", "cpu", "--name", run_name(level, 32, DEMO.depth, seed),
-                "--runs-dir", str(folder / "demo"), "--checkpoint-dir", str(folder / "checkpoints")]
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            train.run(train.config(parser.parse_args(args)))
+        out.append(["--level", level, "--dim", "32", "--depth", str(DEMO.depth), "--batch", str(DEMO.batch),
+                    "--seq", str(DEMO.seq), "--lr", str(DEMO.lr), "--warmup", "20", "--steps", "60",
+                    "--seed", str(seed), "--log-every", "10", "--val-every", "30", "--val-windows", "16",
+                    "--data", str(data), "--device", "cpu", "--name", run_name(level, 32, DEMO.depth, seed),
+                    "--runs-dir", str(folder / "demo"), "--checkpoint-dir", str(folder / "checkpoints")])
+    return out
+
+
+def demo_board(folder: Path) -> Board:
+    """The board of the demo runs `demo_args(folder, ...)` trained."""
+    from ..core import records
+
     return board(DEMO, training.rows(records.read([folder / "demo"], kind="train")))

@@ -50,7 +50,8 @@ def rows(recs: list[dict]) -> list[dict]:
                     "kernels": m.get("kernels"), "kernel_paths": m.get("kernel_paths"),
                     "seed": p.get("seed"), "minutes": p.get("minutes"), "lr": p.get("lr"),
                     "expansion": p.get("expansion"), "option": p.get("option") or [],
-                    "data": p.get("data"), "data_sha256": p.get("data_sha256")})
+                    "data": p.get("data"), "data_sha256": p.get("data_sha256"),
+                    "family": p.get("family")})
 
     def key(row: dict) -> tuple:
         v = row["val_loss"] if row["val_loss"] is not None else row["last100"]

@@ -609,7 +609,7 @@ def _run(cfg: dict, signals: _Signals) -> dict:
         params = {k: cfg[k] for k in ("name", "level", "dim", "depth", "expansion", "option",
                                       "batch", "seq", "lr", "warmup", "betas", "weight_decay",
                                       "grad_clip", "seed", "steps", "minutes", "precision", "data")}
-        params.update(n_params=count, backend=model.backend, norm=model.norm,
+        params.update(n_params=count, backend=model.backend, norm=model.norm, family=model.entry.family,
                       data_sha256=(data.manifest or {}).get("sha256"), world_size=world)
         records.write(records.make("train", cfg["level"], f"{model.backend}+{model.norm}",
                                    params, summary), run_dir)
