@@ -212,3 +212,30 @@ def test_sm_rates_count_every_cta_of_an_sm_over_its_whole_span():
 
     out = torch.tensor([[0, 0, 100], [0, 100, 200], [1, 50, 150], [1, 50, 150]], dtype=torch.int64)
     assert probes.sm_rates(out.flatten(), 1000).tolist() == [10.0, 20.0]
+
+
+def test_chapter_records_time_the_layer_on_the_fastest_layout(tmp_path, monkeypatch):
+    """Where the fastest recurrence runs on another layout than the default, the layer is timed
+    there too, with that K and layout (the group option)."""
+    monkeypatch.setenv("ELMAN_RUN_DIR", str(tmp_path))
+    made: list[tuple] = []
+
+    def fake_recurrence(level, sets, D_, K, group, slots=0, reps=30):
+        return _recurrence(group, K, 0.3 if (K, group) == (16, op.RING) else 0.5, 1.0, level)
+
+    def fake_layer(entry, B_, D_, T_=T, reps=20, dtype="bfloat16", quick=False, impl=None, **options):
+        made.append((options.get("checkpoint"), options.get("group", 0), impl))
+        rec = _layer(entry.name, 5.0, options.get("checkpoint"))
+        rec["params"].update(options)
+        return rec
+
+    monkeypatch.setattr(bench, "input_sets", lambda *a, **k: [])
+    monkeypatch.setattr(bench, "recurrence_record", fake_recurrence)
+    flagship = registry.get("E88h83n32")
+    fakes = dict(layer_record=fake_layer, primitive_records=lambda parts: [])
+    bench.chapter_records(flagship, B, D, T, (8, 16), (), **fakes)
+    assert made == [(8, 0, "cuda:matrix:warp:K8"), (16, 0, "cuda:matrix:warp:K16"),
+                    (16, op.RING, "cuda:matrix:ring:K16")]
+    made.clear()
+    bench.chapter_records(flagship, B, D, T, (8, 16), (), **fakes)  # all recorded: nothing again
+    assert made == []

@@ -201,6 +201,24 @@ def test_ring_equals_the_warp_kernels(dtype, n, column, beta, T, B, H, K, slots)
             assert torch.equal(a, b), (name, (a.float() - b.float()).abs().max().item())
 
 
+@pytest.mark.parametrize("level", ("E88h4n32", "E75h4n32"))
+def test_layer_group_option_runs_that_layout(level):
+    """The layer's `group` option (the chapter times the layer on the fastest layout) reaches the
+    op: the ring layout's layer gives the default (warp) layer's outputs and gradients bit for bit."""
+    out = {}
+    for group in (0, op.RING):
+        torch.manual_seed(0)
+        layer = (e88.layer_for(level, 128, group=group) if level.startswith("E88") else
+                 e75.E75(128, n_heads=4, n_state=32, group=group)).cuda()
+        y = torch.randn(2, 37, 128, device="cuda", requires_grad=True)
+        with torch.autocast("cuda", torch.bfloat16):
+            o, S = layer(y)
+        (o.float().square().sum() + S.float().sum()).backward()
+        out[group] = (o, S, y.grad, *(p.grad for p in layer.parameters()))
+    for a, b in zip(out[op.RING], out[0]):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("group", (op.WARP, op.RING))
 def test_warp_kernels_fall_back_on_unaligned_tensors(group):
     """k 8 bytes off a 16-byte boundary: the warp kernels read k in 16-byte vectors, so without

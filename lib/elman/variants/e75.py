@@ -57,12 +57,16 @@ class E75(nn.Module):
 
     def __init__(self, dim: int, expansion: float = 1.0, backend: str = "cuda", n_heads: int = 1,
                  n_state: int = 64, use_conv: bool = False, d_conv: int = 4, dropout: float = 0.0,
-                 checkpoint: int = matrix.CHECKPOINT):
+                 checkpoint: int = matrix.CHECKPOINT, group: int = 0):
         super().__init__()
         check_backend(backend)
         D = inner_width(dim, expansion)
         H, n = n_heads, n_state
+        if group not in matrix.layouts(n, n):
+            raise ValueError(f"group must be one of {matrix.layouts(n, n)} at n={n} (the CUDA op's "
+                             f"thread layouts; 0: the fastest that runs), got {group!r}")
         self.dim, self.H, self.n, self.backend, self.checkpoint = dim, H, n, backend, checkpoint
+        self.group = group
         self.w_in = nn.Parameter(torch.empty(D, dim))
         self.conv = CausalConv(D, d_conv) if use_conv else None
         self.w_k, self.w_v, self.w_q, self.w_beta = (nn.Parameter(torch.empty(H * n, D)) for _ in range(4))
@@ -97,7 +101,7 @@ class E75(nn.Module):
         k = l2_normalize(k.reshape(shape)).to(dt)  # autocast may leave the normalised k in fp32
         S0 = y.new_zeros(B, H, n, n, dtype=acc) if h0 is None else h0.to(acc)
         o, S = cell(q.reshape(shape), k, v.reshape(shape), beta.reshape(shape), S0, self.backend,
-                    self.checkpoint)
+                    self.checkpoint, self.group)
         o = o.to(dt)
         c = (o * F.silu(o)).reshape(T, B, H * n)
         return (self.dropout(c @ self.w_out.to(dt).t())).transpose(0, 1), S

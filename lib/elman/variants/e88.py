@@ -38,13 +38,14 @@ def reference(q, k, v, decay, beta, h0):
 
 
 def core(q, k, v, decay, beta, h0, linear_state: bool = False, backend: str = "cuda",
-         checkpoint: int = matrix.CHECKPOINT):
-    """The recurrence on `backend`; beta may be None (no write gate)."""
+         checkpoint: int = matrix.CHECKPOINT, group: int = 0):
+    """The recurrence on `backend`; beta may be None (no write gate); `group` is the CUDA op's
+    thread layout (0 the fastest that runs, or one of matrix.layouts(n, v))."""
     check_backend(backend)
     step = "linear" if linear_state else "tanh"
     if backend == "reference":
         return recurrence(q, k, v, decay, beta, h0, step)
-    return matrix.recurrence(q, k, v, decay, beta, h0, step, checkpoint)
+    return matrix.recurrence(q, k, v, decay, beta, h0, step, checkpoint, group)
 
 
 def _softplus_inverse(x: torch.Tensor) -> torch.Tensor:
@@ -69,7 +70,8 @@ class E88(nn.Module):
     """`forward(y [B, T, dim], h0=None [B, H, n, v]) -> (out [B, T, dim], S_T [B, H, n, v])`.
 
     `expansion` is the value expansion e (v = n e). Options as the specification lists them;
-    head_mix other than 'concat' raises (not built)."""
+    head_mix other than 'concat' raises (not built). `checkpoint` (K) and `group` (the thread
+    layout) choose how the CUDA op runs the recurrence; they change no value."""
 
     def __init__(self, dim: int, expansion: float = 1.0, backend: str = "cuda",
                  n_heads: int | None = None, n_state: int = 32, use_conv: bool = False,
@@ -78,7 +80,7 @@ class E88(nn.Module):
                  gate_activation: str = "silu", use_output_norm: bool = False,
                  value_residual: bool = False, linear_state: bool = False, tie_kv: bool = False,
                  head_mix: str = "concat", dropout: float = 0.0,
-                 checkpoint: int = matrix.CHECKPOINT):
+                 checkpoint: int = matrix.CHECKPOINT, group: int = 0):
         super().__init__()
         check_backend(backend)
         if not isinstance(dim, int) or dim < 1:
@@ -97,8 +99,11 @@ class E88(nn.Module):
         v = value_width(H, n_state, expansion)
         if tie_kv and v != n_state:
             raise ValueError(f"tie_kv needs a square state (expansion 1), got n={n_state}, v={v}")
+        if group not in matrix.layouts(n_state, v):
+            raise ValueError(f"group must be one of {matrix.layouts(n_state, v)} at n={n_state}, v={v} "
+                             f"(the CUDA op's thread layouts; 0: the fastest that runs), got {group!r}")
         self.dim, self.H, self.n, self.v = dim, H, n_state, v
-        self.backend, self.checkpoint = backend, checkpoint
+        self.backend, self.checkpoint, self.group = backend, checkpoint, group
         self.use_silu, self.decay_mode, self.use_l2_norm = use_silu, decay_mode, use_l2_norm
         self.use_gate, self.gate_activation = use_gate, gate_activation
         self.linear_state, self.tie_kv = linear_state, tie_kv
@@ -189,7 +194,7 @@ class E88(nn.Module):
         acc = alpha.dtype
         beta = None if self.w_w is None else torch.sigmoid(yt.to(acc) @ self.w_w.to(acc).t())
         S0 = y.new_zeros(B, H, n, v, dtype=acc) if h0 is None else h0.to(acc)
-        o, S = core(q, k, val, alpha, beta, S0, self.linear_state, self.backend, self.checkpoint)
+        o, S = core(q, k, val, alpha, beta, S0, self.linear_state, self.backend, self.checkpoint, self.group)
         o = o.to(dt)
         if self.D is not None:
             o = o + self.D.to(dt) * val

@@ -12,7 +12,8 @@ decay and state), timed as core.timing times.
   and FMA-pipe instructions take at the measured rates; the largest bounds any kernel
   (`floor_table`; `standing_table` puts every timed layout against it).
 - `chapter_records`: the E88 and E75 chapters' runs: every layout at every K, the primitives,
-  and the whole layer at every K beside the baselines, each record written when it is measured
+  and the whole layer at every K (and on the fastest recurrence's layout) beside the baselines,
+  each record written when it is measured
   and skipped where the run already holds it (`record_key`), so a rerun resumes.
 
 `elman bench` times the cell of the CELL_LEVELS (`cell_records`, every layout at K = 16); at the
@@ -406,6 +407,17 @@ def target_lines(recs: list[dict], level: str, B: int, D: int, bwd_over_fwd: flo
 
 
 # ---- the chapters' runs ------------------------------------------------------------------------
+def fastest(recs: list[dict], variant: str, B: int, D: int, T: int) -> tuple[int, int] | None:
+    """(K, layout) of the level's fastest recurrence forward + backward among `recs` at the shape;
+    None if none is recorded."""
+    rows = [r for r in recs if r["variant"] == variant and r["params"].get("measure") == "recurrence"
+            and (r["params"]["B"], r["params"]["D"], r["params"]["T"]) == (B, D, T)]
+    if not rows:
+        return None
+    r = min(rows, key=lambda r: r["metrics"]["fwdbwd_ms"]["median"])
+    return r["params"]["K"], r["params"].get("group", 0)
+
+
 def record_key(r: dict) -> tuple:
     """What a record measured, as `chapter_records` plans it: a recurrence by level, shape, K and
     layout; a layer by level, shape and checkpoint interval; a primitive by its measure."""
@@ -414,7 +426,7 @@ def record_key(r: dict) -> tuple:
     if m == "recurrence":
         return (m, r["variant"], p["T"], p["B"], p["D"], p["K"], p.get("group", 0), p.get("slots", 0))
     if m == "layer":
-        return (m, r["variant"], p["T"], p["B"], p["D"], p.get("checkpoint"))
+        return (m, r["variant"], p["T"], p["B"], p["D"], p.get("checkpoint"), p.get("group", 0))
     return (m,)
 
 
@@ -423,7 +435,8 @@ def chapter_records(entry: Entry, B: int, D: int, T: int = T_DEFAULT, Ks: tuple[
                     reps: int = 30, *, layer_record: Callable[..., dict],
                     primitive_records: Callable[[tuple[str, ...]], list[dict]]) -> list[dict]:
     """A chapter's benchmark run into the current run folder: the entry's recurrence on every
-    layout at every K, the floor's primitives, the entry's whole layer at every K and each entry
+    layout at every K, the floor's primitives, the entry's whole layer at every K (with the default
+    layout, and also at the fastest recurrence's K and layout where that layout is another) and each entry
     of `beside` at its default. The harness gives `layer_record(entry, B, D, T, quick=, **options)`
     (a whole layer) and `primitive_records(parts)` (the floor's primitives: 'copy', 'throughput',
     'clock'). Each record is written as soon as it is measured; what the run already holds is
@@ -454,12 +467,17 @@ def chapter_records(entry: Entry, B: int, D: int, T: int = T_DEFAULT, Ks: tuple[
             keep(primitive_records(missing))
         except (RuntimeError, ImportError) as exc:  # the development extension did not build
             print(f"primitives: {exc}".splitlines()[0])
-    layers = [(entry, K) for K in Ks] if ok and (gate is None or all(gate.values())) else []
-    layers += [(e, None) for e in beside]
-    for e, K in layers:
-        if ("layer", e.name, T, B, D, K) in done:
+    layers = [(entry, K, 0) for K in Ks] if ok and (gate is None or all(gate.values())) else []
+    best = fastest(records.read([run], kind="bench"), entry.name, B, D, T)
+    if layers and best is not None and op.layout_name(n, v, best[1]) != op.layout_name(n, v):
+        layers.append((entry, *best))  # the layer also on the fastest recurrence's layout
+    layers += [(e, None, 0) for e in beside]
+    for e, K, g in layers:
+        if ("layer", e.name, T, B, D, K, g) in done:
             continue
-        opts = {} if K is None else {"checkpoint": K, "impl": f"cuda:matrix:{op.layout_name(n, v)}:K{K}"}
+        opts = {} if K is None else {"checkpoint": K, "impl": f"cuda:matrix:{op.layout_name(n, v, g)}:K{K}"}
+        if g:
+            opts["group"] = g
         try:
             keep([layer_record(e, B, D, T, quick=quick, **opts)])
         except (RuntimeError, ImportError, ValueError) as exc:  # a baseline library missing or refusing
