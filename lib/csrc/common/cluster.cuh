@@ -17,6 +17,26 @@ __device__ __forceinline__ long long globaltimer() {
   return t;
 }
 
+// The persistent kernels' phase traces (a traced forward is its own instantiation, kTrace; in
+// the untraced one these are no code): thread 0 of CTA 0 writes clock64 at phase `phase` of
+// step `step` into trace[step * phases + phase] (`trace_mark`), and after the `steps` steps
+// clock64 and %globaltimer at kernel start (slot 0) and end (slot 1) (`trace_stamp`).
+template <bool kTrace>
+__device__ __forceinline__ bool tracing() {
+  return kTrace && blockIdx.x == 0 && threadIdx.x == 0;
+}
+template <bool kTrace>
+__device__ __forceinline__ void trace_mark(long long* trace, int phases, int step, int phase) {
+  if (tracing<kTrace>()) trace[step * phases + phase] = clock64();
+}
+template <bool kTrace>
+__device__ __forceinline__ void trace_stamp(long long* trace, int phases, int steps, int slot) {
+  if (tracing<kTrace>()) {
+    trace[steps * phases + 2 * slot] = clock64();
+    trace[steps * phases + 2 * slot + 1] = globaltimer();
+  }
+}
+
 // The jitter build (ELMAN_JITTER: the extension elman_dense_jitter, built and run only by
 // tests/test_jitter_gpu.py): at each synchronisation point of a step of either persistent
 // design a quarter of the warps sleep a pseudo-random 0-2 us, a different pattern per CTA,

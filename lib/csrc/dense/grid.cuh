@@ -121,14 +121,11 @@ using ArgsOf = EpiArgs<Args, Epi>;
 constexpr int kTracePhases = 6;
 template <bool kTrace>
 __device__ __forceinline__ void mark(const Args& p, int step, int phase) {
-  if (kTrace && blockIdx.x == 0 && threadIdx.x == 0) p.trace[step * kTracePhases + phase] = clock64();
+  trace_mark<kTrace>(p.trace, kTracePhases, step, phase);
 }
 template <bool kTrace>
 __device__ __forceinline__ void stamp(const Args& p, int slot) {
-  if (kTrace && blockIdx.x == 0 && threadIdx.x == 0) {
-    p.trace[p.steps * kTracePhases + 2 * slot] = clock64();
-    p.trace[p.steps * kTracePhases + 2 * slot + 1] = globaltimer();
-  }
+  trace_stamp<kTrace>(p.trace, kTracePhases, p.steps, slot);
 }
 
 // A state slice is [batch column n][64 values]; value k of column n sits at k ^ 8 (n % 8),

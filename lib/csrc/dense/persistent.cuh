@@ -103,19 +103,12 @@ constexpr int kTracePhases = 6;  // start, state arrived, multiplied, inputs+par
 // code at all (measured: their checks alone cost about 60 ns a step). A mark reads the
 // pointer from the kernel parameters each time (no live register).
 template <bool kTrace>
-__device__ __forceinline__ bool tracing() {
-  return kTrace && blockIdx.x == 0 && threadIdx.x == 0;
-}
-template <bool kTrace>
 __device__ __forceinline__ void mark(const Args& p, int step, int phase) {
-  if (tracing<kTrace>()) p.trace[step * kTracePhases + phase] = clock64();
+  trace_mark<kTrace>(p.trace, kTracePhases, step, phase);
 }
 template <bool kTrace>
 __device__ __forceinline__ void stamp(const Args& p, int slot) {
-  if (tracing<kTrace>()) {
-    p.trace[p.steps * kTracePhases + 2 * slot] = clock64();
-    p.trace[p.steps * kTracePhases + 2 * slot + 1] = globaltimer();
-  }
+  trace_stamp<kTrace>(p.trace, kTracePhases, p.steps, slot);
 }
 
 // ---- the per-CTA machinery shared by forward and backward ---------------------------------

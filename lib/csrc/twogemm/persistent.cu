@@ -75,14 +75,11 @@ constexpr int kMaxCluster = 16;
 static_assert(kLowRankTracePhases == 6, "the phases below");
 template <bool kTrace>
 __device__ __forceinline__ void mark(const LowRankPersistent& a, int step, int phase) {
-  if (kTrace && blockIdx.x == 0 && threadIdx.x == 0) a.trace[step * kLowRankTracePhases + phase] = clock64();
+  trace_mark<kTrace>(a.trace, kLowRankTracePhases, step, phase);
 }
 template <bool kTrace>
 __device__ __forceinline__ void stamp(const LowRankPersistent& a, int slot) {
-  if (kTrace && blockIdx.x == 0 && threadIdx.x == 0) {
-    a.trace[a.steps * kLowRankTracePhases + 2 * slot] = clock64();
-    a.trace[a.steps * kLowRankTracePhases + 2 * slot + 1] = globaltimer();
-  }
+  trace_stamp<kTrace>(a.trace, kLowRankTracePhases, a.steps, slot);
 }
 
 // Shared memory of one CTA: mbarriers [2] | x [8][kX] (h_{t-1}, or d_pre) | p [8][kP] (the
@@ -212,8 +209,19 @@ struct Cta {
     }
   }
 
-  // R: this warp's tiles summed over the sources in rank order, rounded to bf16 into p;
-  // CTA 0 stores the live values to dst ([B][r] plane of this step).
+  // The lane's 4 sums of tile `tile`, rounded to bf16 into p; CTA 0 stores the live values to
+  // dst ([B][r] plane of this step).
+  __device__ __forceinline__ void store_sum(int tile, const float (&s)[4], int rank_r, bf16* dst) const {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int k = tile * 16 + g + 8 * (e >> 1), n = 2 * q + (e & 1);
+      const bf16 v = __float2bfloat16_rn(s[e]);
+      p()[n * L::kP + k] = v;
+      if (rank == 0 && n < nb && k < rank_r) dst[size_t(col0 + n) * rank_r + k] = v;
+    }
+  }
+
+  // R: this warp's tiles summed over the sources in rank order (`store_sum`).
   template <int AM>
   __device__ void reduce(int buf, int phase, int rank_r, bf16* dst) const {
     if (warp >= R16()) return;
@@ -230,13 +238,7 @@ struct Cta {
         s[2] += lo_f(v.y);
         s[3] += hi_f(v.y);
       }
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int k = tile * 16 + g + 8 * (e >> 1), n = 2 * q + (e & 1);
-        const bf16 v = __float2bfloat16_rn(s[e]);
-        p()[n * L::kP + k] = v;
-        if (rank == 0 && n < nb && k < rank_r) dst[size_t(col0 + n) * rank_r + k] = v;
-      }
+      store_sum(tile, s, rank_r, dst);
     }
   }
 
@@ -264,13 +266,7 @@ struct Cta {
         s[2] += lo_f(v[src].y);
         s[3] += hi_f(v[src].y);
       }
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int k = tile * 16 + g + 8 * (e >> 1), n = 2 * q + (e & 1);
-        const bf16 val = __float2bfloat16_rn(s[e]);
-        p()[n * L::kP + k] = val;
-        if (rank == 0 && n < nb && k < rank_r) dst[size_t(col0 + n) * rank_r + k] = val;
-      }
+      store_sum(tile, s, rank_r, dst);
     }
   }
 
