@@ -16,7 +16,7 @@ import argparse
 
 import torch
 
-from elman.core.timing import rotation, timeit, warm_up
+from elman.core.timing import copy_bandwidth, rotation, timeit, warm_up
 from elman.families.diagonal import bench, op
 
 TARGET = 60.0
@@ -55,7 +55,7 @@ def main() -> None:
     dtype = torch.float32 if args.fp32 else torch.bfloat16
     B, D, T = args.B, args.D, args.T
     warm_up()
-    copy = bench.copy_bandwidth()
+    copy = copy_bandwidth()
     print(f"device: {torch.cuda.get_device_name()}  copy bandwidth (1 GiB copy, read + written): "
           f"{copy['gbs']:.0f} GB/s")
     print(f"shape: B={B} D={D} T={T} {str(dtype).replace('torch.', '')}; target >= {TARGET:.0f} % "

@@ -4,11 +4,13 @@ that the L2 cache does not serve them, and the GPU's clocks out of idle before t
 from __future__ import annotations
 
 import statistics
+from functools import lru_cache
 from typing import Callable
 
 import torch
 
 T_DEFAULT = 512  # the benchmarks' sequence length
+COPY_BYTES = 1 << 30  # the tensor `copy_bandwidth` copies: 1 GiB, far beyond the L2
 
 
 def timeit(fn: Callable[[int], None], reps: int = 30, warmup: int = 5, rotate: int = 1) -> dict:
@@ -77,3 +79,15 @@ def layer_timings(layer: torch.nn.Module, B: int, T: int, d: int, dtype: torch.d
     torch.cuda.synchronize()
     peak = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
     return tf, timeit(fwdbwd, reps, 3, sets), peak
+
+
+@lru_cache(maxsize=1)
+def copy_bandwidth(reps: int = 20) -> dict:
+    """The device copy bandwidth in GB/s (1e9 bytes/s): a 1 GiB bf16 tensor copied into
+    another, bytes read plus written over the median time. {"gbs", "ms", "bytes"}."""
+    src = torch.randn(COPY_BYTES // 2, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    t = timeit(lambda i: dst.copy_(src), reps, 3, 1)
+    del src, dst
+    torch.cuda.empty_cache()
+    return {"gbs": 2 * COPY_BYTES / (t["median"] * 1e6), "ms": t, "bytes": 2 * COPY_BYTES}

@@ -15,7 +15,7 @@ import torch
 
 from ..core import extension, records
 from ..core.entry import Entry, Shape
-from ..core.timing import timeit, warm_up
+from ..core.timing import copy_bandwidth, timeit, warm_up
 from ..families.dense import inputs, op
 from ..families.dense.bench import T_DEFAULT, gate_count
 
@@ -25,7 +25,6 @@ TRACE_PHASES = ("wait for state", "multiply", "inputs + partials", "epilogue", "
 ALLGATHER_METHODS = ("st_async", "bulk", "multicast")  # the dev extension's allgather methods
 CLOCK_WORK = ("fma", "mma", "mma_bursts")  # the dev extension's clock_probe work kinds
 CLOCK_SMS = (16, 32, 128)
-COPY_BYTES = 2 ** 30  # moved by the bandwidth probe: 512 MiB read, 512 MiB written (far beyond the L2)
 
 
 def primitive_records(iters: int = 2000) -> list[dict]:
@@ -170,15 +169,12 @@ def trace_record(entry: Entry, B: int, D: int, T: int = T_DEFAULT) -> dict | Non
                          "phase_ns": dict(zip(TRACE_PHASES, phases.tolist()))})
 
 
-def copy_record(nbytes: int = COPY_BYTES, reps: int = 30) -> dict:
-    """Measure 'copy': a device-to-device copy that reads nbytes / 2 and writes nbytes / 2;
-    gb_per_s counts both."""
-    src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda").random_(0, 256)
-    dst = torch.empty_like(src)
-    t = timeit(lambda i: dst.copy_(src), reps, 5)
-    del src, dst
-    return records.make("bench", "primitive", "copy", {"measure": "copy", "bytes": nbytes},
-                        {"ms": t, "gb_per_s": nbytes / t["median"] / 1e6})
+def copy_record() -> dict:
+    """Measure 'copy': `core.timing.copy_bandwidth` as a record (gb_per_s counts bytes read and
+    written)."""
+    copy = copy_bandwidth()
+    return records.make("bench", "primitive", "copy", {"measure": "copy", "bytes": copy["bytes"]},
+                        {"ms": copy["ms"], "gb_per_s": copy["gbs"]})
 
 
 def floor_records(parts: tuple[str, ...] = ("copy", "throughput", "clock")) -> list[dict]:

@@ -24,28 +24,15 @@ import torch.nn.functional as F
 
 from ...core import records
 from ...core.entry import Entry, Shape
-from ...core.timing import T_DEFAULT, rotation, timeit
+from ...core.timing import T_DEFAULT, copy_bandwidth, rotation, timeit
 from . import op
 
 GRID = {"B": (4, 16, 64), "D": (1024, 2048, 4096), "T": (512, 4096)}
-COPY_BYTES = 1 << 30  # the copied tensor: 1 GiB, far beyond the L2
 
 
 def has_cell(entry: Entry) -> bool:
     """Whether the entry's cell runs the diagonal scan (so the cell benchmark applies)."""
     return entry.family == "diagonal" and entry.epilogue is not None
-
-
-@lru_cache(maxsize=1)
-def copy_bandwidth(reps: int = 20) -> dict:
-    """The device copy bandwidth in GB/s (1e9 bytes/s): a 1 GiB bf16 tensor copied into
-    another, bytes read plus written over the median time."""
-    src = torch.randn(COPY_BYTES // 2, device="cuda", dtype=torch.bfloat16)
-    dst = torch.empty_like(src)
-    t = timeit(lambda i: dst.copy_(src), reps, 3, 1)
-    del src, dst
-    torch.cuda.empty_cache()
-    return {"gbs": 2 * COPY_BYTES / (t["median"] * 1e6), "ms": t}
 
 
 def hgrn_bytes(T: int, B: int, D: int, itemsize: int, backward: bool) -> int:
