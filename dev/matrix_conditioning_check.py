@@ -17,14 +17,10 @@ import sys
 import torch
 
 from elman import registry
-from elman.core.entry import CONDITIONED_FACTOR, Shape, passes, run_case
+from elman.core.entry import CONDITIONED_FACTOR, Shape, passes, run_case, worst
 
 SHAPES = (Shape(19, 2, 64, 1, 64, 32), Shape(35, 2, 128, 4, 32, 64), Shape(17, 2, 64, 2, 32, 32))
 LABELS = ("cuda:layer[nol2]", "cuda:layer[defaults]")
-
-
-def worst(errors: dict, prefix: str) -> float:
-    return max((v for k, v in errors.items() if k.startswith(prefix)), default=0.0)
 
 
 def run_fast(case):

@@ -118,6 +118,12 @@ def run_case(case: ParityCase, dtype: torch.dtype, generator: torch.Generator) -
     return errors
 
 
+def worst(errors: dict[str, float], prefix: str) -> float:
+    """The largest of `run_case`'s errors whose key starts with `prefix` ("fwd:", "grad:",
+    "ref:fwd:", "ref:grad:"); 0 if none."""
+    return max((v for k, v in errors.items() if k.startswith(prefix)), default=0.0)
+
+
 def passes(errors: dict[str, float], tol: Tolerance) -> bool:
     """Whether every error of `run_case` is within `tol` (fwd: outputs, grad: gradients) or,
     where the fp32 reference's own error is given (ref:...), within CONDITIONED_FACTOR times it

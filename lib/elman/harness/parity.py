@@ -19,7 +19,8 @@ from tqdm import tqdm
 
 from .. import registry
 from ..core import records
-from ..core.entry import CONDITIONED_CAP, CONDITIONED_FACTOR, DTYPES, Shape, passes, rel_error, run_case  # noqa: F401 (rel_error re-exported)
+from ..core.entry import (CONDITIONED_CAP, CONDITIONED_FACTOR, DTYPES, Shape, passes,  # noqa: F401
+                          rel_error, run_case, worst)  # (rel_error re-exported)
 
 
 def check_entry(entry: registry.Entry, dtypes: Iterable[str], shapes=None, seed: int = 0,
@@ -34,15 +35,11 @@ def check_entry(entry: registry.Entry, dtypes: Iterable[str], shapes=None, seed:
             shape = shape if isinstance(shape, Shape) else Shape(*shape)
             for case in entry.parity(shape, DTYPES[dt], device, generator):
                 errors = run_case(case, DTYPES[dt], generator)
-                fwd = max(v for k, v in errors.items() if k.startswith("fwd:"))
-                bwd = max((v for k, v in errors.items() if k.startswith("grad:")), default=0.0)
-                own = {k[4:]: v for k, v in errors.items() if k.startswith("ref:")}
-                metrics = {"errors": errors, "max_fwd": fwd, "max_bwd": bwd, "tol_fwd": tol.fwd,
-                           "tol_bwd": tol.bwd, "passed": passes(errors, tol)}
-                if own:  # a conditioned case: the fp32 reference's own worst errors beside
-                    metrics |= {"reference_fwd": max(v for k, v in own.items() if k.startswith("fwd:")),
-                                "reference_bwd": max((v for k, v in own.items() if k.startswith("grad:")),
-                                                     default=0.0)}
+                metrics = {"errors": errors, "max_fwd": worst(errors, "fwd:"), "max_bwd": worst(errors, "grad:"),
+                           "tol_fwd": tol.fwd, "tol_bwd": tol.bwd, "passed": passes(errors, tol)}
+                if any(k.startswith("ref:") for k in errors):  # conditioned: the fp32 reference's own
+                    metrics |= {"reference_fwd": worst(errors, "ref:fwd:"),
+                                "reference_bwd": worst(errors, "ref:grad:")}
                 out.append(records.make("parity", entry.name, case.impl,
                                         {**shape.params(), "dtype": dt, "seed": seed}, metrics))
     return out

@@ -84,7 +84,8 @@ def read_log(runs: Path, row: dict) -> dict[str, list]:
     return cols
 
 
-def _cell(key: str, row: dict) -> str:
+def cell(key: str, row: dict) -> str:
+    """A row's value `key` as the tables print it."""
     v = row.get(key)
     if key == "val_bits" and v is not None and row.get("val_bits_se") is not None:
         return f"{v:.4f} ± {row['val_bits_se']:.4f}"
@@ -107,7 +108,7 @@ def _fmt(key: str, v) -> str:
 
 def markdown(table: list[dict], columns: tuple[str, ...] = COLUMNS) -> str:
     head = "| " + " | ".join(columns) + " |\n|" + "---|" * len(columns) + "\n"
-    return head + "".join("| " + " | ".join(_cell(c, r) for c in columns) + " |\n" for r in table)
+    return head + "".join("| " + " | ".join(cell(c, r) for c in columns) + " |\n" for r in table)
 
 
 def to_csv(table: list[dict], columns: tuple[str, ...] = COLUMNS) -> str:

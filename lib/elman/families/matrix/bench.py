@@ -410,12 +410,8 @@ def target_lines(recs: list[dict], level: str, B: int, D: int, bwd_over_fwd: flo
 def fastest(recs: list[dict], variant: str, B: int, D: int, T: int) -> tuple[int, int] | None:
     """(K, layout) of the level's fastest recurrence forward + backward among `recs` at the shape;
     None if none is recorded."""
-    rows = [r for r in recs if r["variant"] == variant and r["params"].get("measure") == "recurrence"
-            and (r["params"]["B"], r["params"]["D"], r["params"]["T"]) == (B, D, T)]
-    if not rows:
-        return None
-    r = min(rows, key=lambda r: r["metrics"]["fwdbwd_ms"]["median"])
-    return r["params"]["K"], r["params"].get("group", 0)
+    r = _fastest([r for r in _recurrences(recs, variant, B, D) if r["params"]["T"] == T])
+    return None if r is None else (r["params"]["K"], r["params"].get("group", 0))
 
 
 def record_key(r: dict) -> tuple:
