@@ -27,6 +27,7 @@ import importlib
 import importlib.util
 import sys
 import types
+import warnings
 
 
 def _stand_in() -> types.ModuleType:
@@ -52,7 +53,9 @@ def load() -> types.ModuleType:
         except ImportError:
             sys.modules["selective_scan_cuda"] = _stand_in()
     try:
-        return importlib.import_module("mamba_ssm")
+        with warnings.catch_warnings():  # its transformers import reaches tqdm.auto, which warns
+            warnings.filterwarnings("ignore", message="IProgress not found")  # in a notebook kernel
+            return importlib.import_module("mamba_ssm")
     except ImportError as exc:
         raise ImportError(f"mamba-ssm is installed but its dependency {exc.name!r} is missing "
                           f"({exc}); see scripts/baseline-requirements.txt") from exc
