@@ -390,10 +390,17 @@ def test_layer_case_is_the_same_for_the_same_seed():
     assert (a.inputs[w] - c.inputs[w]).abs().max() > 0.1
 
 
-def test_e88_marks_the_nol2_layer_case_conditioned():
+def test_e88_marks_the_nol2_layer_case_and_the_core_conditioned():
     from elman import registry
     from elman.core.entry import Shape
 
     cases = registry.get("E88").parity(Shape(3, 2, 32, 2, 16, 16), torch.float32, "cpu", torch.Generator().manual_seed(0))
     flags = {c.impl: c.conditioned for c in cases if c.impl.startswith("cuda:layer")}
     assert flags["cuda:layer[nol2]"] and not any(v for k, v in flags.items() if k != "cuda:layer[nol2]")
+    for level in ("E88", "E88f_h4", "E75", "E75h2n32"):
+        core = [c for c in registry.get(level).parity(Shape(1, 1, 32, 1, 32, 32), torch.bfloat16, "cpu",
+                                                      torch.Generator().manual_seed(0))
+                if c.impl.startswith("cuda:core")]
+        assert core and all(c.conditioned for c in core), level
+    e14 = registry.get("E14").parity(Shape(1, 1, 32, 1, 32, 32), torch.bfloat16, "cpu", torch.Generator().manual_seed(0))
+    assert not any(c.conditioned for c in e14)

@@ -62,9 +62,47 @@ def test_conditioned_rule_fails_where_the_fp32_reference_lost_the_solution():
     assert not passes(errors, TOL)
 
 
-def test_conditioned_rule_applies_in_fp32_only():
-    errors = run_case(case(rounded_differently, True), torch.bfloat16, torch.Generator().manual_seed(1))
-    assert not any(k.startswith("ref:") for k in errors)
+def dot(x, w, c):
+    """One number, c (x . w): its gradient in c is a sum that cancels (`dot_case`)."""
+    return ((c * (x * w).sum()).reshape(1),)
+
+
+def dot_in_another_order(x, w, c):
+    """`dot` as a kernel computes it: in fp32 whatever the inputs' dtype, summed in another order."""
+    y = c.float() * (x.float() * w.float()).flip(0).cumsum(0)[-1]
+    return (y.reshape(1).to(x.dtype),)
+
+
+def dot_case(fast, conditioned):
+    """x . w at 1e-3 of the sum of its terms' sizes: rounding x and w to bf16 alone moves it by
+    tens of percent."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(64, dtype=torch.float64, generator=g) + 0.5
+    w = torch.randn(64, dtype=torch.float64, generator=g)
+    w[-1] -= ((x * w).sum() - 1e-3 * (x * w).abs().sum()) / x[-1]
+    inputs = {"x": x.requires_grad_(), "w": w.requires_grad_(), "c": torch.ones((), dtype=torch.float64).requires_grad_()}
+    return ParityCase(inputs, fast, dot, ("y",), "cpu:test", conditioned)
+
+
+BF16 = Tolerance(2e-2, 5e-2)
+
+
+def test_conditioned_rule_in_bf16_compares_with_the_reference_on_the_rounded_inputs():
+    plain = run_case(dot_case(dot_in_another_order, False), torch.bfloat16, torch.Generator().manual_seed(1))
+    assert plain["grad:c"] > BF16.bwd and not passes(plain, BF16)
+    errors = run_case(dot_case(dot_in_another_order, True), torch.bfloat16, torch.Generator().manual_seed(1))
+    assert errors["ref:grad:c"] > BF16.bwd  # the rounded inputs alone miss the tolerance
+    assert errors["ref:grad:x"] < 1e-2  # a sum that does not cancel stays near bf16's rounding
+    assert passes(errors, BF16)
+
+
+def test_conditioned_rule_in_bf16_still_fails_a_wrong_gradient():
+    def wrong(x, w, c):  # the right value, a gradient in x 20 % off
+        y = dot_in_another_order(x, w, c)[0]
+        return (y + 0.2 * (c * (x * w).sum() - (c * (x * w).sum()).detach()).reshape(1),)
+    errors = run_case(dot_case(wrong, True), torch.bfloat16, torch.Generator().manual_seed(1))
+    assert errors["grad:x"] > CONDITIONED_FACTOR * errors["ref:grad:x"]
+    assert not passes(errors, BF16)
 
 
 def test_passes_reads_each_error_against_its_own_bound():
@@ -81,4 +119,4 @@ def test_table_states_the_conditioned_bound():
          "reference_fwd": 2e-6, "reference_bwd": 1e-4}
     rec = {"variant": "E88", "impl": "cuda:layer[nol2]", "params": {"T": 19, "dtype": "float32"}, "metrics": m}
     text = parity.table([rec])
-    assert "fp32 reference's own (2.0e-06 / 1.0e-04) up to 100x" in text and "| pass |" in text
+    assert "fp32 reference's on the same inputs (2.0e-06 / 1.0e-04) up to 100x" in text and "| pass |" in text

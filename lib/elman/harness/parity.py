@@ -37,7 +37,7 @@ def check_entry(entry: registry.Entry, dtypes: Iterable[str], shapes=None, seed:
                 errors = run_case(case, DTYPES[dt], generator)
                 metrics = {"errors": errors, "max_fwd": worst(errors, "fwd:"), "max_bwd": worst(errors, "grad:"),
                            "tol_fwd": tol.fwd, "tol_bwd": tol.bwd, "passed": passes(errors, tol)}
-                if any(k.startswith("ref:") for k in errors):  # conditioned: the fp32 reference's own
+                if any(k.startswith("ref:") for k in errors):  # conditioned: the fp32 reference's
                     metrics |= {"reference_fwd": worst(errors, "ref:fwd:"),
                                 "reference_bwd": worst(errors, "ref:grad:")}
                 out.append(records.make("parity", entry.name, case.impl,
@@ -47,10 +47,10 @@ def check_entry(entry: registry.Entry, dtypes: Iterable[str], shapes=None, seed:
 
 def tolerance(m: dict) -> str:
     """A record's tolerance as the table shows it: fwd / bwd, and for a conditioned case the
-    bound from the fp32 reference's own worst errors."""
+    bound from the worst errors of the reference in fp32 on the same inputs."""
     text = f"{m['tol_fwd']:.0e} / {m['tol_bwd']:.0e}"
     if "reference_fwd" in m:
-        text += (f", or {CONDITIONED_FACTOR:g}x the fp32 reference's own "
+        text += (f", or {CONDITIONED_FACTOR:g}x the fp32 reference's on the same inputs "
                  f"({m['reference_fwd']:.1e} / {m['reference_bwd']:.1e}) up to {CONDITIONED_CAP:g}x")
     return text
 

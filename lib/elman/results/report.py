@@ -74,7 +74,7 @@ def parity_summary(recs: list[dict]) -> str:
         m = rs[0]["metrics"]
         tol = f"{m['tol_fwd']:.0e} / {m['tol_bwd']:.0e}"
         if any("reference_fwd" in r["metrics"] for r in rs):
-            tol += f", or {CONDITIONED_FACTOR:g}x the fp32 reference's own error"
+            tol += f", or {CONDITIONED_FACTOR:g}x the fp32 reference's error on the same inputs"
         lines.append(f"| {v} | {impl} | {dt} | {len(rs)} | {f:.2e} | {b:.2e} | {tol} | {'pass' if ok else 'FAIL'} |")
     return "\n".join(lines)
 

@@ -143,7 +143,7 @@ def _entry(name: str, opts: dict, aliases: tuple[str, ...] = ()):
 
     return inputs.entry(
         name=name, aliases=aliases, layer=layer, reference=reference, cell=cell,
-        layer_cases=lambda shape: [("", layer)],
+        layer_cases=lambda shape: [("", layer)], conditioned=("core",),  # as E88's core (e88.CONDITIONED)
         test_shapes=shapes((17, 2, 64, H, n, n), (1, 1, 48, H, n, n), (40, 1, 32, H, n, n)),
         title="E75: gated delta matrix memory, per-row forget gate",
         chapter="book/chapters/e75_gated_delta_matrix.ipynb",

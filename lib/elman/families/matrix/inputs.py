@@ -74,12 +74,14 @@ def time_major(name: str, t: torch.Tensor) -> bool:
 PER_STEP = ("alpha_x", "alpha", "z", "gate_x", "erase", "write", "key", "val", "dec", "qry")
 
 
-def core_cases(reference: Callable, cell: Callable, shape: Shape, device, generator) -> list[ParityCase]:
+def core_cases(reference: Callable, cell: Callable, shape: Shape, device, generator,
+               conditioned: bool = False) -> list[ParityCase]:
     """The core on the CUDA op against the reference, on the same inputs for every thread layout
     the kernels take at this v (`op.groups`): impl 'cuda:core' (the default), 'cuda:core:G<g>'."""
     kw = reference_inputs(reference, shape, device, generator)
     return [ParityCase(kw, lambda g=g, **a: cell(**a, group=g), reference, ("o", "S_T"),
-                       "cuda:core" + (f":G{g}" if g else "")) for g in op.groups(shape.v or shape.n or 4)]
+                       "cuda:core" + (f":G{g}" if g else ""), conditioned)
+            for g in op.groups(shape.v or shape.n or 4)]
 
 
 def layer_case(layer: Callable[..., torch.nn.Module], shape: Shape, device, generator,
@@ -114,13 +116,14 @@ def entry(*, reference: Callable, cell: Callable, layer: Callable, layer_cases: 
     """The registry entry of a matrix variant. `cell(**reference inputs, group=g)` runs its core
     on the CUDA op; `layer_cases(shape)` gives [(label, layer factory(dim))] for the layer
     comparisons at a shape (default: the entry's layer as registered); the labels in
-    `conditioned` are ill-conditioned configurations (ParityCase.conditioned)."""
+    `conditioned` are ill-conditioned configurations (ParityCase.conditioned), "core" the core
+    cases."""
     cases = layer_cases or (lambda shape: [("", layer)])
 
     def parity(shape: Shape, dtype, device, generator) -> list[ParityCase]:
         first = test_shapes[0]  # a shape without heads or state sizes takes the entry's first
         shape = Shape(shape.T, shape.B, shape.D, shape.H or first.H, shape.n or first.n, shape.v or first.v)
-        out = core_cases(reference, cell, shape, device, generator)
+        out = core_cases(reference, cell, shape, device, generator, "core" in conditioned)
         # The layer cases run in fp32 only: in bf16 the harness rounds every parameter (A_log,
         # dt_bias, the projections) before the fast run, which measures that rounding, not a kernel.
         if shape.D > 1 and dtype == torch.float32:
