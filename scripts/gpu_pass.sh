@@ -20,7 +20,7 @@
 # runs/<UTC>_<commit>_<gpu>/), RUN_NOTE (what the run is for, into run.json), QUICK=1 (small
 # benchmarks), TRAIN_JOBS (job file for train), TEST_FILES (GPU test paths; default tests),
 # BENCH_ARGS (extra `elman bench` flags), WARM_ARGS (extra `elman warm` flags, e.g. -j 8), PROFILE_ARGS (lmprofile),
-# CHAPTERS (names: only those chapters), BUILD (extensions to build first), PARITY_FAMILIES, DEV_CHECKS (the dev stage's programs, dev/*_gpu_check.*:
+# CHAPTERS (names: only those chapters), BUILD (extensions to build first), PARITY_FAMILIES or PARITY_LEVELS, DEV_CHECKS (the dev stage's programs, dev/*_gpu_check.*:
 # each runs with a DEV_LIMIT (default 420) s limit and logs into the run folder), STAGE_LIMIT / LIMIT_<stage>
 # (seconds a stage may run before it is stopped and the pass goes on). scripts/gpu_session.sh runs a
 # pass longer than one device call in the background and polls it. Carry .whl in every call.
@@ -115,9 +115,10 @@ warm_stage() {
 }
 # The variants only: the baselines' parity (Triton kernels to compile) is the baselines stage's.
 # One process a kernel family (PARITY_FAMILIES, in that order), so that a family whose kernel
-# fails or hangs keeps the others' records.
+# fails or hangs keeps the others' records; PARITY_LEVELS names levels instead (one process).
 parity_stage() {
   local ok=0 f
+  [ -n "${PARITY_LEVELS:-}" ] && { python3 -m elman parity --levels $PARITY_LEVELS; return; }
   for f in ${PARITY_FAMILIES:-diagonal dense matrix twogemm}; do
     python3 -m elman parity --levels $(python3 -c "from elman import registry
 print(' '.join(e.name for e in registry.entries('variant', '$f')))") || ok=1
