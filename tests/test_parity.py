@@ -119,4 +119,4 @@ def test_table_states_the_conditioned_bound():
          "reference_fwd": 2e-6, "reference_bwd": 1e-4}
     rec = {"variant": "E88", "impl": "cuda:layer[nol2]", "params": {"T": 19, "dtype": "float32"}, "metrics": m}
     text = parity.table([rec])
-    assert "fp32 reference's on the same inputs (2.0e-06 / 1.0e-04) up to 100x" in text and "| pass |" in text
+    assert "error of the fp32 reference on the same inputs (2.0e-06 / 1.0e-04) up to 100x" in text and "| pass |" in text

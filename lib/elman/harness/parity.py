@@ -50,7 +50,7 @@ def tolerance(m: dict) -> str:
     bound from the worst errors of the reference in fp32 on the same inputs."""
     text = f"{m['tol_fwd']:.0e} / {m['tol_bwd']:.0e}"
     if "reference_fwd" in m:
-        text += (f", or {CONDITIONED_FACTOR:g}x the fp32 reference's on the same inputs "
+        text += (f", or {CONDITIONED_FACTOR:g}x the error of the fp32 reference on the same inputs "
                  f"({m['reference_fwd']:.1e} / {m['reference_bwd']:.1e}) up to {CONDITIONED_CAP:g}x")
     return text
 
