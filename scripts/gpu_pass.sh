@@ -18,7 +18,7 @@
 # (the commit the tree is at, when the host has no .git or an outdated one; run.json records
 # the sources' blob ids either way), ELMAN_RUN_DIR (default: a new
 # runs/<UTC>_<commit>_<gpu>/), RUN_NOTE (what the run is for, into run.json), QUICK=1 (small
-# benchmarks), TRAIN_JOBS (job file for train), TEST_FILES (GPU test paths; default tests),
+# benchmarks), TRAIN_JOBS (job file for train), SCHED_ARGS (extra `elman sched` flags, e.g. --stop-after 22), TEST_FILES (GPU test paths; default tests),
 # BENCH_ARGS (extra `elman bench` flags), WARM_ARGS (extra `elman warm` flags, e.g. -j 8), PROFILE_ARGS (lmprofile),
 # CHAPTERS (names: only those chapters), BUILD (extensions to build first), PARITY_FAMILIES or PARITY_LEVELS, DEV_CHECKS (the dev stage's programs, dev/*_gpu_check.*:
 # each runs with a DEV_LIMIT (default 420) s limit and logs into the run folder), STAGE_LIMIT / LIMIT_<stage>
@@ -212,7 +212,7 @@ chapters() {  # chapters [NAME ...]: those of the TOC whose file name contains a
   done
   return $ok
 }
-train_stage() { python3 -m elman sched "${TRAIN_JOBS:-scripts/train_h100.jobs}" --log-dir "$ELMAN_RUN_DIR/sched"; }
+train_stage() { python3 -m elman sched "${TRAIN_JOBS:-scripts/train_h100.jobs}" --log-dir "$ELMAN_RUN_DIR/sched" ${SCHED_ARGS:-}; }
 leaderboard() { chapters training_protocol leaderboard; }
 pack() {
   tar czf "$OUT/run.tgz" -C "$ROOT" "$(realpath --relative-to="$ROOT" "$ELMAN_RUN_DIR")" book/chapters
