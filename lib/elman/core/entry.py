@@ -139,6 +139,18 @@ def passes(errors: dict[str, float], tol: Tolerance) -> bool:
     return all(err <= bound(key) for key, err in errors.items() if not key.startswith("ref:"))
 
 
+def tolerance_text(metrics: dict, values: bool = True) -> str:
+    """A parity record's bound as tables show it: "fwd / bwd", and for a conditioned case (its
+    metrics carry reference_fwd / reference_bwd) the conditioned bound, with that run's worst
+    errors where `values`."""
+    text = f"{metrics['tol_fwd']:.0e} / {metrics['tol_bwd']:.0e}"
+    if "reference_fwd" in metrics:
+        text += f", or {CONDITIONED_FACTOR:g}x the error of the fp32 reference on the same inputs"
+        if values:
+            text += f" ({metrics['reference_fwd']:.1e} / {metrics['reference_bwd']:.1e}) up to {CONDITIONED_CAP:g}x"
+    return text
+
+
 @dataclass(frozen=True)
 class Entry:
     """A registered variant (kind "variant") or baseline (kind "baseline")."""
