@@ -48,6 +48,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core.entry import DTYPES, Entry, ParityCase, Shape, run_case, shapes
+from ..core.mamba import import_quietly
 from .common import (TRITON_TOLERANCE, autocast_dtype, check_backend, check_sequence, check_tensors,
                      inner_width, no_state, require_cuda)
 
@@ -74,8 +75,8 @@ def fla():
     """Import flash-linear-attention (once) and register the PyTorch chunk_bwd_dqkwg."""
     if _state["fla"] is None:
         try:
-            lib = importlib.import_module("fla")
-            importlib.import_module("fla.layers")
+            lib = import_quietly("fla")
+            import_quietly("fla.layers")
             importlib.import_module("fla.ops.gated_delta_rule")
         except ImportError as exc:
             raise ImportError("flash-linear-attention is not installed: see "

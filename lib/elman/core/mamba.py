@@ -30,6 +30,14 @@ import types
 import warnings
 
 
+def import_quietly(name: str) -> types.ModuleType:
+    """Import `name` without tqdm's IProgress warning: mamba_ssm's and fla's imports reach
+    transformers, which imports tqdm.auto, which warns in a notebook kernel without ipywidgets."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="IProgress not found")
+        return importlib.import_module(name)
+
+
 def _stand_in() -> types.ModuleType:
     mod = types.ModuleType("selective_scan_cuda")
     mod.__doc__ = "elman stand-in: the compiled Mamba1 selective scan is not installed"
@@ -53,9 +61,7 @@ def load() -> types.ModuleType:
         except ImportError:
             sys.modules["selective_scan_cuda"] = _stand_in()
     try:
-        with warnings.catch_warnings():  # its transformers import reaches tqdm.auto, which warns
-            warnings.filterwarnings("ignore", message="IProgress not found")  # in a notebook kernel
-            return importlib.import_module("mamba_ssm")
+        return import_quietly("mamba_ssm")
     except ImportError as exc:
         raise ImportError(f"mamba-ssm is installed but its dependency {exc.name!r} is missing "
                           f"({exc}); see scripts/baseline-requirements.txt") from exc
