@@ -288,8 +288,8 @@ def test_every_evaluation_in_a_run_is_on_averaged_weights(tmp_path, monkeypatch)
     monkeypatch.setattr(train, "evaluate", spy)
     switches = []
     for name in ("eval", "train"):
-        method = getattr(train.schedulefree.AdamWScheduleFree, name)
-        monkeypatch.setattr(train.schedulefree.AdamWScheduleFree, name,
+        method = getattr(train.AdamWScheduleFree, name)
+        monkeypatch.setattr(train.AdamWScheduleFree, name,
                             lambda self, _m=method, _n=name: (switches.append(_n), _m(self))[1])
     train.run(cfg(*TINY, "--steps", "6", "--val-every", "3", "--save-every", "100",
                   "--runs-dir", str(tmp_path / "r"), "--checkpoint-dir", str(tmp_path / "c")))

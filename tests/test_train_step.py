@@ -6,10 +6,10 @@ from __future__ import annotations
 import argparse
 
 import pytest
-import schedulefree
 import torch
 
 from elman.training import profile, train
+from elman.training.optim import AdamWScheduleFree
 from elman.training.data import TEST_SLICE
 from elman.training.lm import LadderLM
 from elman.training.step import TrainStep
@@ -18,8 +18,7 @@ from elman.training.step import TrainStep
 def _model_and_opt(seed: int = 0):
     torch.manual_seed(seed)
     model = LadderLM("E1", 32, 2, backend="reference")
-    opt = schedulefree.AdamWScheduleFree(train.param_groups(model, 0.01), lr=3e-3, betas=(0.9, 0.95),
-                                         warmup_steps=3)
+    opt = AdamWScheduleFree(train.param_groups(model, 0.01), lr=3e-3, betas=(0.9, 0.95), warmup_steps=3)
     opt.train()
     return model, opt
 
@@ -143,7 +142,7 @@ def test_profile_before_setup_copies_more():
     counts = {}
     for setup in profile.SETUPS:
         model, opt = _model_and_opt()
-        profile.apply_setup(model, setup)
+        profile.apply_setup(model, opt, setup)
         step = TrainStep(model, opt, clip=1.0, dtype=None)
         batch = _batches(1, B=4, T=32)[0]
         step(batch)
@@ -154,13 +153,13 @@ def test_profile_before_setup_copies_more():
     for phase in ("forward", "backward"):
         assert after[phase]["copies"] < before[phase]["copies"]
         assert after[phase]["copy_mb"] < before[phase]["copy_mb"]
-    assert after["optimizer"] == before["optimizer"]
-    model, _ = _model_and_opt()
-    profile.apply_setup(model, "before")
-    assert not model.time_major and not model.layers[0].contiguous_input
+    assert after["optimizer"]["copies"] == before["optimizer"]["copies"] == 0
+    model, opt = _model_and_opt()
+    profile.apply_setup(model, opt, "before")
+    assert not opt.fused and not model.time_major and not model.layers[0].contiguous_input
     assert model.layers[0].w_h.step_iterations is None and not model.layers[0].w_h.fp32
     with pytest.raises(ValueError, match="setup"):
-        profile.apply_setup(model, "during")
+        profile.apply_setup(model, opt, "during")
 
 
 def _rec(level: str, mode: str, step_ms: float, setup: str = "after") -> dict:

@@ -17,15 +17,17 @@ parametrised W_h under autocast, as the forward computes it, its buffers put bac
 Modes: `trainer` reads the loss and gradient norm on the host after clipping, as `elman
 train` does every step to stop before the optimizer step of a non-finite step (one host wait
 a step); `lean` reads nothing; `graph` replays forward, backward and clipping from a CUDA
-graph (`TrainStep(graph=True)`), the optimizer outside it.
+graph (`TrainStep(graph=True)`), the optimizer outside it, and reads nothing;
+`trainer-graph` is the graph with the trainer's read, the step `elman train --graph` takes.
 
 Setups: `after` is the model as `elman train` builds it: a time-major residual stream
 (`LadderLM.time_major`), each layer's input made contiguous once (`RecurrentLayer.time_major`),
-the spectral norm in fp32 with one power iteration per training step (`core.spectral`).
-`before` turns those off: a batch-major stream, whose layers transpose their input and output
-(the input GEMMs copy the strided input, the norms and the output GEMM's backward copy the
-strided output), and the spectral norm's three iterations per forward under autocast (bf16
-matrix-vector products, W cast for each). Both run in one call, so one GPU run compares them.
+the spectral norm in fp32 with one power iteration per training step (`core.spectral`),
+schedule-free AdamW's update fused (`optim`). `before` turns those off: a batch-major stream,
+whose layers transpose their input and output (the input GEMMs copy the strided input, the
+norms and the output GEMM's backward copy the strided output), the spectral norm's three
+iterations per forward under autocast (bf16 matrix-vector products, W cast for each), and the
+library's ten foreach passes a step. Both run in one call, so one GPU run compares them.
 
 Records: one of kind 'bench', measure 'lm_profile', per configuration, setup and mode. params:
 measure, dim, depth, expansion, B, T, dtype, options, n_params, mode, setup, steps. metrics:
@@ -50,9 +52,10 @@ from ..core import records
 from ..core.layer import RecurrentLayer
 from ..core.spectral import spectral_weights
 from . import memory, train
+from .optim import AdamWScheduleFree
 from .step import TrainStep, loss_of
 
-MODES = ("trainer", "lean", "graph")
+MODES = ("trainer", "lean", "graph", "trainer-graph")
 SETUPS = ("before", "after")
 COPY_OPS = ("copy_", "_to_copy", "clone")  # .contiguous(), .to() and casts dispatch to these
 # (level, dim, depth, expansion, batch): issue 20's configurations, T = 512.
@@ -84,27 +87,33 @@ def category(kernel: str) -> str:
 def _phases(marks: list, mode: str) -> dict[str, float]:
     """Phase times (ms) of one step from its marks (TrainStep's: eager start, forward,
     backward, clip, optimizer; graph start, replay, optimizer)."""
-    names = ("forward+backward+clip", "optimizer") if mode == "graph" else \
+    names = ("forward+backward+clip", "optimizer") if _graph(mode) else \
         ("forward", "backward", "clip", "optimizer")
     out = {n: a.elapsed_time(b) for n, a, b in zip(names, marks, marks[1:])}
     out["step"] = marks[0].elapsed_time(marks[-1])
     return out
 
 
+def _graph(mode: str) -> bool:
+    return mode.endswith("graph")
+
+
 def _run(step: TrainStep, data: torch.Tensor, mode: str, marks: list | None = None):
     loss, gnorm = step(data, marks)
-    if mode == "trainer":  # the trainer's per-step host read
+    if mode.startswith("trainer"):  # the trainer's per-step host read
         torch.stack([loss.float(), gnorm.float()]).tolist()
     step.update(marks)
     return loss
 
 
-def apply_setup(model: torch.nn.Module, setup: str) -> None:
-    """Put a model that `train.build` made into a profile setup (SETUPS; module docstring)."""
+def apply_setup(model: torch.nn.Module, opt: AdamWScheduleFree, setup: str) -> None:
+    """Put a model and optimizer that `train.build` made into a profile setup (SETUPS; module
+    docstring)."""
     if setup not in SETUPS:
         raise ValueError(f"setup must be one of {SETUPS}, got {setup!r}")
     if setup == "after":
         return
+    opt.fused = False
     model.time_major = False
     for m in model.modules():
         if isinstance(m, RecurrentLayer):
@@ -186,8 +195,8 @@ def lm_profile_record(level: str, dim: int, depth: int, expansion: float = 1.0, 
     if not torch.cuda.is_available():
         raise RuntimeError("lm_profile_record profiles GPU kernels: it needs a CUDA device")
     model, opt, data, cfg = memory.setup(level, dim, depth, expansion, batch, seq, options)
-    apply_setup(model, setup)
-    step = TrainStep(model, opt, cfg["grad_clip"], graph=mode == "graph")
+    apply_setup(model, opt, setup)
+    step = TrainStep(model, opt, cfg["grad_clip"], graph=_graph(mode))
     for _ in range(2):
         _run(step, data, mode)
     runs = [[] for _ in range(steps)]
@@ -291,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seq", type=int, default=512)
     p.add_argument("--preset", choices=sorted(PRESETS), help="run a preset's configurations instead")
     p.add_argument("--mode", nargs="+", choices=MODES, default=list(MODES),
-                   help="step modes to run (default all: trainer lean graph)")
+                   help=f"step modes to run (default all: {' '.join(MODES)})")
     p.add_argument("--setup", nargs="+", choices=SETUPS, default=list(SETUPS),
                    help="setups to run (default both: before after)")
     p.add_argument("--steps", type=int, default=10, help="timed steps per configuration and mode")

@@ -4,7 +4,8 @@ book/chapters/training_protocol.ipynb.
 Recipe: LadderLM around any registered level; i.i.d. byte windows (`elman.data`);
 fp32 master weights and optimizer state with the forward under bf16 autocast on CUDA;
 schedule-free AdamW (lr 3e-4, `warmup_steps` 1000 given to the optimizer, betas
-0.9/0.95, weight decay 0.01 except on norms, biases and decay parameters); gradient
+0.9/0.95, weight decay 0.01 except on norms, biases and decay parameters; its update fused,
+`optim.AdamWScheduleFree`); gradient
 clipping at 1.0; a budget of `--steps` optimizer steps or `--minutes` of wall clock
 counted from the end of the first optimizer step (so data setup, compilation and
 autotuning are not counted), without the pauses for validation and checkpoints.
@@ -59,7 +60,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import schedulefree
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -68,6 +68,7 @@ from tqdm import tqdm
 from ..core import records, spectral
 from .data import DEFAULT_DATA, Batches, ByteData, DataError
 from .lm import LadderLM, n_params
+from .optim import AdamWScheduleFree
 from .paths import PathProbe, summary as path_summary
 from .step import TrainStep
 
@@ -226,7 +227,7 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
             {"params": keep, "weight_decay": 0.0}]
 
 
-def build(cfg: dict, device: torch.device) -> tuple[LadderLM, schedulefree.AdamWScheduleFree]:
+def build(cfg: dict, device: torch.device) -> tuple[LadderLM, AdamWScheduleFree]:
     torch.manual_seed(cfg["seed"])
     backend = cfg["backend"] or ("cuda" if device.type == "cuda" else "reference")
     model = LadderLM(cfg["level"], cfg["dim"], cfg["depth"], cfg["expansion"], backend=backend,
@@ -234,14 +235,14 @@ def build(cfg: dict, device: torch.device) -> tuple[LadderLM, schedulefree.AdamW
                      **parse_options(cfg["option"])).to(device)
     if backend == "cuda":  # a configuration without the key: the specification's count
         spectral.per_step(model, cfg.get("power_iterations", spectral.SPEC_ITERATIONS))
-    opt = schedulefree.AdamWScheduleFree(param_groups(model, cfg["weight_decay"]), lr=cfg["lr"],
-                                         betas=tuple(cfg["betas"]), warmup_steps=cfg["warmup"])
+    opt = AdamWScheduleFree(param_groups(model, cfg["weight_decay"]), lr=cfg["lr"],
+                            betas=tuple(cfg["betas"]), warmup_steps=cfg["warmup"])
     opt.train()
     return model, opt
 
 
 @contextlib.contextmanager
-def averaged_weights(model: torch.nn.Module, opt: schedulefree.AdamWScheduleFree):
+def averaged_weights(model: torch.nn.Module, opt: AdamWScheduleFree):
     """Schedule-free's averaged weights in the model for evaluation; afterwards the exact
     training weights come back (eval()/train() alone would round them)."""
     saved = [p.detach().clone() for p in model.parameters()]
