@@ -67,6 +67,20 @@ def test_fused_step_leaves_the_gradient_alone():
     assert all(torch.equal(p.grad, g) for p, g in zip(params, grads))
 
 
+def test_a_step_that_is_not_finite_changes_nothing():
+    """step(finite=False) leaves parameters, z and exp_avg_sq bit for bit, whatever the
+    gradients hold (NaN here); the group's step count still advances."""
+    params, opt = _run(AdamWScheduleFree, 2)
+    params[0].grad[0, 0] = float("nan")
+    before = [(p.clone(), opt.state[p]["z"].clone(), opt.state[p]["exp_avg_sq"].clone()) for p in params]
+    opt.step(finite=torch.tensor(False))
+    for p, (y, z, v) in zip(params, before):
+        assert torch.equal(p, y) and torch.equal(opt.state[p]["z"], z) and torch.equal(opt.state[p]["exp_avg_sq"], v)
+    assert opt.param_groups[0]["k"] == 3
+    opt.step(finite=torch.tensor(True))
+    assert not torch.equal(params[1], before[1][0])
+
+
 def test_fused_step_refuses_what_it_does_not_take():
     p = torch.nn.Parameter(torch.ones(3, dtype=torch.bfloat16))
     p.grad = torch.ones_like(p)
@@ -100,18 +114,23 @@ def test_kernel_matches_the_pytorch_update_in_the_interpreter():
     script = textwrap.dedent("""
         import torch
         from elman.training import optim
-        for ckp1, decay in ((0.25, 0.1), (0.75, 0.0)):
+        for ckp1, decay, ok in ((0.25, 0.1, True), (0.75, 0.0, True), (0.25, 0.1, False)):
             g = torch.Generator().manual_seed(0)
             sizes = (1, 5, optim.BLOCK, optim.BLOCK + 3, 3 * optim.BLOCK - 1)
             a = [[torch.randn(n, generator=g) for n in sizes] for _ in range(4)]
             a[2] = [t.abs() for t in a[2]]
+            if not ok:
+                a[1][0][0] = float("nan")
             b = [[t.clone() for t in ts] for ts in a]
-            s = torch.tensor([0.95, 0.3, 1e-8, decay, ckp1, -2e-2, 3e-2])
-            optim._update(*a, s)
-            optim._kernel_update(*b, s, optim._Blocks(list(sizes), torch.device("cpu")))
-            for ts, us in zip(a, b):
-                for t, u in zip(ts, us):
-                    torch.testing.assert_close(u, t, rtol=2e-6, atol=1e-7)
+            before = [[t.clone() for t in ts] for ts in a]
+            s, flag = torch.tensor([0.95, 0.3, 1e-8, decay, ckp1, -2e-2, 3e-2]), torch.tensor(ok)
+            optim._update(*a, s, flag)
+            optim._kernel_update(*b, s, flag, optim._Blocks(list(sizes), torch.device("cpu")))
+            for ts, us, ws in zip(a, b, before):
+                for t, u, w in zip(ts, us, ws):
+                    torch.testing.assert_close(u, t, rtol=2e-6, atol=1e-7, equal_nan=True)
+                    assert ok or torch.equal(t, w) or torch.isnan(w).any()
+            assert ok or not torch.equal(a[0][1], a[3][1])
         print("ok")
         """)
     env = {**os.environ, "TRITON_INTERPRET": "1"}

@@ -50,6 +50,27 @@ def test_step_matches_the_step_written_out():
         assert q.grad is None  # eager mode frees the gradients after the optimizer step
 
 
+def test_update_of_a_non_finite_step_changes_nothing():
+    """A NaN loss (and so NaN gradients): the queued update leaves every parameter and the
+    optimizer's z as they were; the next finite step updates again."""
+    model, opt = _model_and_opt()
+    step = TrainStep(model, opt, clip=1.0, dtype=None)
+    first, second = _batches(2)
+    step(first)
+    step.update()
+    before = [(p.detach().clone(), opt.state[p]["z"].clone()) for p in model.parameters()]
+    hook = model.register_forward_hook(lambda module, args, out: out * float("nan"))
+    loss, _ = step(second)
+    step.update()
+    hook.remove()
+    assert torch.isnan(loss)
+    assert all(torch.equal(p, y) and torch.equal(opt.state[p]["z"], z)
+               for p, (y, z) in zip(model.parameters(), before))
+    step(second)
+    step.update()
+    assert not all(torch.equal(p, y) for p, (y, _) in zip(model.parameters(), before))
+
+
 def test_step_reads_nothing_on_the_host(monkeypatch):
     """No .item(), .tolist(), float() or bool() of a tensor inside the step or the update
     (on the GPU each would wait for the device)."""
@@ -89,7 +110,7 @@ TINY = ["--level", "E1", "--dim", "32", "--depth", "2", "--batch", "4", "--seq",
 
 def test_trainer_reads_the_host_once_a_step(tmp_path, monkeypatch):
     """`elman train` reads the loss and gradient norm with one .tolist() a step (the check
-    that stops before the optimizer step of a non-finite step) and no .item()."""
+    that stops at a non-finite step) and no .item()."""
     calls = {"tolist": 0, "item": 0}
     tolist, item = torch.Tensor.tolist, torch.Tensor.item
 

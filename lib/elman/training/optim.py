@@ -30,25 +30,27 @@ BLOCK = 1024  # elements per Triton program
 
 
 def _update(ys: list[torch.Tensor], gs: list[torch.Tensor], vs: list[torch.Tensor],
-            zs: list[torch.Tensor], s: torch.Tensor) -> None:
-    """The update above in PyTorch; s = [beta2, 1 - beta2^(k+1), eps, decay, ckp1,
-    lr (beta1 (1 - ckp1) - 1), lr] (fp32, on the tensors' device)."""
+            zs: list[torch.Tensor], s: torch.Tensor, ok: torch.Tensor) -> None:
+    """The update above in PyTorch where `ok` (a 0-d bool tensor) is true, nothing where it is
+    false; s = [beta2, 1 - beta2^(k+1), eps, decay, ckp1, lr (beta1 (1 - ckp1) - 1), lr]
+    (fp32, on the tensors' device)."""
     beta2, correction, eps, decay, ckp1, y_step, lr = s.unbind()
+    keep, ckp1 = torch.where(ok, beta2, 1.0), torch.where(ok, ckp1, 0.0)
     for y, g, v, z in zip(ys, gs, vs, zs):
-        v.mul_(beta2).add_(g * g * (1 - beta2))
-        u = g / ((v / correction).sqrt() + eps) + decay * y
+        v.mul_(keep).add_(torch.where(ok, g * g * (1 - beta2), 0.0))
+        u = torch.where(ok, g / ((v / correction).sqrt() + eps) + decay * y, 0.0)
         y.lerp_(z, ckp1).add_(y_step * u)
         z.sub_(lr * u)
 
 
 @triton.jit
-def _sf_adamw(addresses, sizes, tensor_of_block, start_of_block, s, n_tensors, BLOCK: tl.constexpr):
+def _sf_adamw(addresses, sizes, tensor_of_block, start_of_block, s, ok, n_tensors, BLOCK: tl.constexpr):
     """One block of one tensor: `addresses` holds the y, g, v and z addresses of the group's
-    n_tensors tensors (int64, in that order), `s` the scalars of `_update`."""
+    n_tensors tensors (int64, in that order), `s` and `ok` are `_update`'s."""
     b = tl.program_id(0)
     t = tl.load(tensor_of_block + b)
     offs = tl.load(start_of_block + b) + tl.arange(0, BLOCK)
-    mask = offs < tl.load(sizes + t)
+    mask = (offs < tl.load(sizes + t)) & (tl.load(ok) != 0)
     y_ptr = tl.load(addresses + t).to(tl.pointer_type(tl.float32))
     g_ptr = tl.load(addresses + n_tensors + t).to(tl.pointer_type(tl.float32))
     v_ptr = tl.load(addresses + 2 * n_tensors + t).to(tl.pointer_type(tl.float32))
@@ -94,16 +96,21 @@ class _Blocks:
         return self._addresses[1]
 
 
-def _kernel_update(ys, gs, vs, zs, s: torch.Tensor, blocks: _Blocks) -> None:
+def _kernel_update(ys, gs, vs, zs, s: torch.Tensor, ok: torch.Tensor, blocks: _Blocks) -> None:
     """`_update` as one launch of `_sf_adamw` over the group's tensors (contiguous fp32)."""
     _sf_adamw[(blocks.tensor_of_block.numel(),)](blocks.addresses(ys, gs, vs, zs), blocks.sizes,
                                                  blocks.tensor_of_block, blocks.start_of_block, s,
-                                                 len(ys), BLOCK=BLOCK)
+                                                 ok, len(ys), BLOCK=BLOCK)
 
 
 class AdamWScheduleFree(schedulefree.AdamWScheduleFree):
     """schedulefree's AdamWScheduleFree with the fused update (module docstring); `fused=False`
-    is the library's own step."""
+    is the library's own step.
+
+    `step(finite=t)` with t a 0-d bool tensor on the device (the trainer's: loss and gradient
+    norm finite) applies the update only where t is true, without reading t on the host: a
+    step the trainer is about to stop at changes no parameter or moment (its k still counts).
+    The library's step (fused=False) reads t on the host instead."""
 
     def __init__(self, params, fused: bool = True, **kwargs):
         super().__init__(params, **kwargs)
@@ -111,8 +118,10 @@ class AdamWScheduleFree(schedulefree.AdamWScheduleFree):
         self._blocks: dict[int, _Blocks] = {}
 
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure=None, finite: torch.Tensor | None = None):
         if not self.fused or closure is not None:
+            if finite is not None and not bool(finite):
+                return None
             return super().step(closure)
         if not self.param_groups[0]["train_mode"]:
             raise RuntimeError("the optimizer is not in train mode: call opt.train() before "
@@ -133,14 +142,15 @@ class AdamWScheduleFree(schedulefree.AdamWScheduleFree):
                        [self.state[p]["z"] for p in active])
             device = active[0].device
             s = _to(scalars, torch.float32, device)
+            ok = finite if finite is not None else torch.ones((), dtype=torch.bool, device=device)
             if device.type == "cuda" and all(t.is_contiguous() and t.numel() < 2 ** 31
                                              for group_tensors in tensors for t in group_tensors):
                 sizes = [p.numel() for p in active]
                 if i not in self._blocks or self._blocks[i].key != tuple(sizes):
                     self._blocks[i] = _Blocks(sizes, device)
-                _kernel_update(*tensors, s, self._blocks[i])
+                _kernel_update(*tensors, s, ok, self._blocks[i])
             else:
-                _update(*tensors, s)
+                _update(*tensors, s, ok)
         return None
 
     @staticmethod

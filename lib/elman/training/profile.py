@@ -14,9 +14,8 @@ three ways, in one of three modes and two setups.
 Besides, the spectral normalisation's forward alone (`spectral_forward_ms`: every layer's
 parametrised W_h under autocast, as the forward computes it, its buffers put back).
 
-Modes: `trainer` reads the loss and gradient norm on the host after clipping, as `elman
-train` does every step to stop before the optimizer step of a non-finite step (one host wait
-a step); `lean` reads nothing; `graph` replays forward, backward and clipping from a CUDA
+Modes: `trainer` reads the loss and gradient norm on the host once the optimizer step is
+queued, as `elman train` does every step to stop at a non-finite step (one host wait a step); `lean` reads nothing; `graph` replays forward, backward and clipping from a CUDA
 graph (`TrainStep(graph=True)`), the optimizer outside it, and reads nothing;
 `trainer-graph` is the graph with the trainer's read, the step `elman train --graph` takes.
 
@@ -100,9 +99,9 @@ def _graph(mode: str) -> bool:
 
 def _run(step: TrainStep, data: torch.Tensor, mode: str, marks: list | None = None):
     loss, gnorm = step(data, marks)
-    if mode.startswith("trainer"):  # the trainer's per-step host read
-        torch.stack([loss.float(), gnorm.float()]).tolist()
     step.update(marks)
+    if mode.startswith("trainer"):  # the trainer's per-step host read, after it queues the update
+        torch.stack([loss.float(), gnorm.float()]).tolist()
     return loss
 
 

@@ -1,7 +1,10 @@
 """One training step of a LadderLM as the trainer and the step probes take it, without any host
 synchronisation: the forward under autocast, fp32 cross-entropy, backward and gradient
 clipping (`TrainStep.__call__`, which returns the loss and the pre-clip gradient norm as
-device tensors), then the optimizer step (`TrainStep.update`).
+device tensors), then the optimizer step (`TrainStep.update`). With the fused schedule-free
+AdamW (`optim.AdamWScheduleFree`) the optimizer step is guarded on the device: it changes
+nothing unless the loss and the norm are finite, so the trainer can queue it before it reads
+them on the host.
 
 `graph=True` captures the forward, backward and clipping of one fixed batch shape in a CUDA
 graph on the first call and replays it afterwards (the batch is copied into the graph's
@@ -32,6 +35,7 @@ from collections.abc import Callable
 import torch
 
 from .lm import next_byte_loss
+from .optim import AdamWScheduleFree
 
 WARMUP_PASSES = 2  # eager forward+backward passes on a side stream before capture
 
@@ -60,7 +64,8 @@ class TrainStep:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.graph_mode = graph
         self._graph: torch.cuda.CUDAGraph | None = None
-        self._static: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self._static: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self._finite: torch.Tensor | None = None
         if graph:
             if not torch.cuda.is_available():
                 raise RuntimeError("graph=True captures a CUDA graph: it needs a CUDA device")
@@ -80,15 +85,17 @@ class TrainStep:
         loss.backward()
         _mark(marks)
         gnorm = torch.nn.utils.clip_grad_norm_(self.params, self.clip)
+        finite = torch.isfinite(loss.detach()) & torch.isfinite(gnorm)
         _mark(marks)
-        return loss.detach(), gnorm
+        return loss.detach(), gnorm, finite
 
     def __call__(self, batch: torch.Tensor, marks: list | None = None):
         if not self.graph_mode:
-            return self._forward_backward(batch, marks)
+            loss, gnorm, self._finite = self._forward_backward(batch, marks)
+            return loss, gnorm
         if self._graph is None:
             self._capture(batch)
-        static_batch, loss, gnorm = self._static
+        static_batch, loss, gnorm, self._finite = self._static
         if batch.shape != static_batch.shape:
             raise ValueError(f"graph=True was captured for batches of shape {tuple(static_batch.shape)}, "
                              f"got {tuple(batch.shape)}")
@@ -99,9 +106,13 @@ class TrainStep:
         return loss, gnorm
 
     def update(self, marks: list | None = None) -> None:
-        """The optimizer step; in eager mode also the gradients to None (graph mode keeps the
-        graph's gradient tensors, which the next replay overwrites)."""
-        self.opt.step()
+        """The optimizer step (guarded by the last step's finiteness where the optimizer takes
+        it); in eager mode also the gradients to None (graph mode keeps the graph's gradient
+        tensors, which the next replay overwrites)."""
+        if isinstance(self.opt, AdamWScheduleFree):
+            self.opt.step(finite=self._finite)
+        else:
+            self.opt.step()
         if not self.graph_mode:
             self.opt.zero_grad(set_to_none=True)
         _mark(marks)
@@ -123,8 +134,8 @@ class TrainStep:
                 b.copy_(s)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):  # records the kernels without running them
-            loss, gnorm = self._forward_backward(static_batch, None, cache=False)
-        self._graph, self._static = graph, (static_batch, loss, gnorm)
+            loss, gnorm, finite = self._forward_backward(static_batch, None, cache=False)
+        self._graph, self._static = graph, (static_batch, loss, gnorm, finite)
 
 
 def _mark(marks: list | None) -> None:

@@ -10,8 +10,9 @@ clipping at 1.0; a budget of `--steps` optimizer steps or `--minutes` of wall cl
 counted from the end of the first optimizer step (so data setup, compilation and
 autotuning are not counted), without the pauses for validation and checkpoints.
 
-Every step checks the loss and the gradient norm: a NaN or inf stops the run before the
-optimizer step, with a message, and leaves the last good checkpoint as it was.
+Every step checks the loss and the gradient norm: a NaN or inf stops the run, with a message,
+and leaves the last good checkpoint as it was; that step's optimizer update, queued before the
+check, is skipped on the device (`step.TrainStep`).
 Checkpoints (model, optimizer, step, data position, RNG, elapsed time, the loss history)
 are written atomically on an interval, at the end and on SIGINT/SIGTERM, outside `runs/`
 (default `checkpoints/`). `--resume DIR` continues bit for bit: the data windows of step
@@ -513,7 +514,10 @@ def _run(cfg: dict, signals: _Signals) -> dict:
             stop = "budget"
         for k, batch in (batches if stop is None else ()):
             loss, gnorm = train_step(batch)
-            # The step's one host read: the loss and the norm decide before the optimizer step.
+            # The optimizer step is queued first: it changes nothing unless the loss and the norm
+            # are finite (a device-side guard), so the GPU has it to run during the step's one
+            # host read, which decides whether the run goes on.
+            train_step.update()
             sig, late = signals.received is not None, lead and elapsed >= budget_s
             if world > 1:
                 flags = torch.stack([loss.float(), gnorm.float(), loss.new_tensor(float(sig)),
@@ -526,11 +530,10 @@ def _run(cfg: dict, signals: _Signals) -> dict:
             if not (math.isfinite(loss_v) and math.isfinite(gnorm_v)):
                 last = f"{ckpt_path} (step {_ckpt_step(ckpt_path)})" if ckpt_path.exists() else "none written yet"
                 msg = (f"non-finite {'loss' if not math.isfinite(loss_v) else 'gradient norm'} at step "
-                       f"{step + 1} (loss {loss_v}, grad norm {gnorm_v}): stopped before the optimizer "
-                       f"step. Last good checkpoint: {last}.")
+                       f"{step + 1} (loss {loss_v}, grad norm {gnorm_v}): stopped; the step's optimizer "
+                       f"update was skipped. Last good checkpoint: {last}.")
                 log("stop", step=step, reason="nonfinite", loss=loss_v, grad_norm=gnorm_v, message=msg)
                 raise NonFinite(msg)
-            train_step.update()
             if kernel_paths is None:
                 kernel_paths = probe.result()
                 probe.close()
