@@ -390,29 +390,6 @@ def _mean(xs) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
-class _StepFlags:
-    """A step's loss, gradient norm and stop flags, summed over ranks and read on the host
-    without stalling the GPU: copied to pinned memory behind an event, which `values` waits
-    for (and so for nothing queued after it)."""
-
-    def __init__(self, t: torch.Tensor, world: int):
-        if world > 1:
-            dist.all_reduce(t)
-        self.event = None
-        if t.is_cuda:
-            self.host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-            self.host.copy_(t, non_blocking=True)
-            self.event = torch.cuda.Event()
-            self.event.record()
-        else:
-            self.host = t
-
-    def values(self) -> list[float]:
-        if self.event is not None:
-            self.event.synchronize()
-        return self.host.tolist()
-
-
 class _Log:
     def __init__(self, path: Path | None):
         self.path = path
@@ -531,89 +508,74 @@ def _run(cfg: dict, signals: _Signals) -> dict:
     elapsed = elapsed_before
     window: list[tuple[float, float]] = []
     t_log = time.perf_counter()
-
-    def settle(k: int, flags: _StepFlags, lr: float) -> str | None:
-        """Step k's one host read and what follows from it (the NaN check, the step count,
-        logs, validation and checkpoints on their intervals); the reason to stop, if any.
-        lr: the learning rate step k's update used."""
-        nonlocal step, elapsed, t0, t_log, window, paused
-        loss_v, gnorm_v, sig, late = flags.values()
-        loss_v /= world
-        if not (math.isfinite(loss_v) and math.isfinite(gnorm_v)):
-            last = f"{ckpt_path} (step {_ckpt_step(ckpt_path)})" if ckpt_path.exists() else "none written yet"
-            msg = (f"non-finite {'loss' if not math.isfinite(loss_v) else 'gradient norm'} at step "
-                   f"{step + 1} (loss {loss_v}, grad norm {gnorm_v}): stopped; the step's optimizer "
-                   f"update was skipped. Last good checkpoint: {last}.")
-            log("stop", step=step, reason="nonfinite", loss=loss_v, grad_norm=gnorm_v, message=msg)
-            raise NonFinite(msg)
-        step = k + 1
-        losses.append(loss_v)
-        window.append((loss_v, gnorm_v))
-        now = time.perf_counter()
-        if t0 is None:
-            t0, t_log, window = now, now, []
-        elapsed = elapsed_before + (now - t0 - paused)
-        if step % cfg["log_every"] == 0 and window:
-            rate = tokens_per_step * len(window) / max(now - t_log, 1e-9)
-            mem = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
-            mean_loss = _mean(x for x, _ in window)
-            rates.append([step, rate])
-            log("train", step=step, loss=mean_loss, tokens_per_s=rate, lr=lr,
-                grad_norm=_mean(g for _, g in window), memory_mb=mem, elapsed_s=elapsed)
-            if lead:
-                bar.set_postfix(loss=f"{mean_loss:.4f}", tok_s=f"{rate:.0f}", refresh=False)
-                bar.write(f"step {step:6d} | loss {mean_loss:.4f} | lr {lr:.2e} | grad "
-                          f"{_mean(g for _, g in window):.2f} | tok/s {rate:.0f} | "
-                          f"elapsed {elapsed / 60:.2f} min")
-            window, t_log = [], time.perf_counter()
-        bar.update(1)
-        t_pause = time.perf_counter()
-        if step % cfg["val_every"] == 0:
-            validate(val_interval)
-        if step % cfg["save_every"] == 0:
-            checkpoint()
-        pause = time.perf_counter() - t_pause  # neither the budget nor tokens/s count it
-        t_log += pause
-        paused += pause
-        if sig:
-            return "signal"
-        if step >= budget_steps or late or (world == 1 and elapsed >= budget_s):
-            return "budget"
-        return None
-
-    def in_step(n: int) -> bool:
-        """Whether the model must be at step n when step n is settled (validation, a
-        checkpoint, the step budget): then step n + 1 waits for it."""
-        return n % cfg["val_every"] == 0 or n % cfg["save_every"] == 0 or n >= budget_steps
-
-    # Step k is settled after step k + 1 is queued (k + 1 reads the parameters k's guarded
-    # update wrote), so the GPU never waits for the host's read and bookkeeping; at the steps
-    # `in_step` names, and once a stop is decided, a step is settled before the next is queued.
     stop = None
-    pending: tuple[int, _StepFlags, float] | None = None
     try:
         if step >= budget_steps or elapsed >= budget_s:
             stop = "budget"
         for k, batch in (batches if stop is None else ()):
             loss, gnorm = train_step(batch)
+            # The optimizer step is queued first: it changes nothing unless the loss and the norm
+            # are finite (a device-side guard), so the GPU has it to run during the step's one
+            # host read, which decides whether the run goes on.
             train_step.update()
-            if kernel_paths is None:  # the probe's hooks saw this step's launches
+            sig, late = signals.received is not None, lead and elapsed >= budget_s
+            if world > 1:
+                flags = torch.stack([loss.float(), gnorm.float(), loss.new_tensor(float(sig)),
+                                     loss.new_tensor(float(late))])
+                dist.all_reduce(flags)
+                loss_v, gnorm_v, sig, late = flags.tolist()
+            else:
+                loss_v, gnorm_v = torch.stack([loss.float(), gnorm.float()]).tolist()
+            loss_v /= world
+            if not (math.isfinite(loss_v) and math.isfinite(gnorm_v)):
+                last = f"{ckpt_path} (step {_ckpt_step(ckpt_path)})" if ckpt_path.exists() else "none written yet"
+                msg = (f"non-finite {'loss' if not math.isfinite(loss_v) else 'gradient norm'} at step "
+                       f"{step + 1} (loss {loss_v}, grad norm {gnorm_v}): stopped; the step's optimizer "
+                       f"update was skipped. Last good checkpoint: {last}.")
+                log("stop", step=step, reason="nonfinite", loss=loss_v, grad_norm=gnorm_v, message=msg)
+                raise NonFinite(msg)
+            if kernel_paths is None:
                 kernel_paths = probe.result()
                 probe.close()
                 log("kernels", step=k + 1, kernels=path_summary(kernel_paths), **kernel_paths)
                 if lead:
                     bar.write(f"kernel paths: {path_summary(kernel_paths)}; backward "
                               f"{kernel_paths['backward'] or '-'}")
-            sig, late = signals.received is not None, lead and elapsed >= budget_s
-            flags = _StepFlags(torch.stack([loss.float(), gnorm.float(), loss.new_tensor(float(sig)),
-                                            loss.new_tensor(float(late))]), world)
-            if pending is not None:
-                stop = settle(*pending)
-            pending = (k, flags, opt.param_groups[0]["scheduled_lr"])
-            if stop is not None or in_step(k + 1):
-                stop = settle(*pending) or stop
-                pending = None
-            if stop is not None:
+            step = k + 1
+            losses.append(loss_v)
+            window.append((loss_v, gnorm_v))
+            now = time.perf_counter()
+            if t0 is None:
+                t0, t_log, window = now, now, []
+            elapsed = elapsed_before + (now - t0 - paused)
+            if step % cfg["log_every"] == 0 and window:
+                rate = tokens_per_step * len(window) / max(now - t_log, 1e-9)
+                mem = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+                lr = opt.param_groups[0]["scheduled_lr"]
+                mean_loss = _mean(x for x, _ in window)
+                rates.append([step, rate])
+                log("train", step=step, loss=mean_loss, tokens_per_s=rate, lr=lr,
+                    grad_norm=_mean(g for _, g in window), memory_mb=mem, elapsed_s=elapsed)
+                if lead:
+                    bar.set_postfix(loss=f"{mean_loss:.4f}", tok_s=f"{rate:.0f}", refresh=False)
+                    bar.write(f"step {step:6d} | loss {mean_loss:.4f} | lr {lr:.2e} | grad "
+                              f"{_mean(g for _, g in window):.2f} | tok/s {rate:.0f} | "
+                              f"elapsed {elapsed / 60:.2f} min")
+                window, t_log = [], time.perf_counter()
+            bar.update(1)
+            t_pause = time.perf_counter()
+            if step % cfg["val_every"] == 0:
+                validate(val_interval)
+            if step % cfg["save_every"] == 0:
+                checkpoint()
+            pause = time.perf_counter() - t_pause  # neither the budget nor tokens/s count it
+            t_log += pause
+            paused += pause
+            if sig:
+                stop = "signal"
+                break
+            if step >= budget_steps or late or (world == 1 and elapsed >= budget_s):
+                stop = "budget"
                 break
     finally:
         probe.close()
