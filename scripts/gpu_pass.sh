@@ -24,10 +24,10 @@
 # each runs with a DEV_LIMIT (default 420) s limit and logs into the run folder), STAGE_LIMIT / LIMIT_<stage>
 # (seconds a stage may run before it is stopped and the pass goes on). scripts/gpu_session.sh runs a
 # pass longer than one device call in the background and polls it. Carry .whl in every call.
-# The corpus for train is the packed file that `elman data --pack 1200 --part-mb 60` writes:
-# carry .cache/data/debian-mix-1200M.txt.json with .xz.000 in one call, then .xz.001, .002, .003
-# one per call (64 MiB of carried paths a call; the host keeps what was carried while it stays
-# warm).
+# The corpus for train is the packed file that `elman data --pack 1200 --part-mb 40` writes
+# (or `elman data --repart FILE.xz --part-mb 40`): carry .cache/data/debian-mix-1200M.txt.json
+# and one part a call (.xz.000 ... .004): a call carries the tree and its carried paths, 64 MiB
+# at most, and the host keeps what was carried while it stays warm.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)

@@ -251,6 +251,17 @@ def test_pack_in_parts_joins_back(corpus, tmp_path):
         data.unpack(tmp_path / "p.txt.xz")
 
 
+def test_repart_cuts_the_parts_anew(corpus, tmp_path, capsys):
+    src, _ = corpus
+    m = data.pack(src, tmp_path / "p.txt.xz", megabytes=0.01, part_mb=0.00005)
+    part_mb = m["xz_bytes"] / 2.5 / 2**20  # three parts
+    assert cli(["data", "--repart", str(tmp_path / "p.txt.xz"), "--part-mb", f"{part_mb:.8f}"]) == 0
+    names = data.read_manifest(tmp_path / "p.txt.xz")["xz_parts"]
+    assert "3 parts" in capsys.readouterr().out and len(names) == 3 < len(m["xz_parts"])
+    assert sorted(p.name for p in tmp_path.glob("p.txt.xz.*")) == names
+    assert data.sha256(data.ByteData(tmp_path / "p.txt.xz").path) == m["sha256"]
+
+
 def test_cli_reports_missing_apt_get(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(data.shutil, "which", lambda name: None)
     monkeypatch.setattr(data, "CACHE", tmp_path)

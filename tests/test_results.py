@@ -5,6 +5,8 @@ import csv
 import io
 import json
 
+import pytest
+
 from elman.core import records
 from elman.results import training as results
 from elman.cli import main as cli
@@ -97,3 +99,18 @@ def test_width_targets_and_table():
     table = report.width_table(recs)
     assert "| 1280 | 1.40 | 6.10 | 2.80 |  |" in table
     assert report.plot_widths(recs) is not None and report.plot_widths([]) is None
+
+
+def test_compressed_records_read_as_written(tmp_path):
+    """A pinned run keeps records.jsonl.xz (records.compress): read gives the same records,
+    from the folder or from a parent; a folder holding both files is an error."""
+    run = tmp_path / "runs" / "A_run"
+    recs = [records.make("bench", "E1", "cuda", {"B": b}, {"ms": 1.0 + b}) for b in (1, 2)]
+    records.write(recs, run)
+    plain = records.read([run])
+    assert records.compress(run).name == "records.jsonl.xz" and not (run / "records.jsonl").exists()
+    assert records.read([run]) == plain == records.read([tmp_path / "runs"])
+    assert [r["params"]["B"] for r in plain] == [1, 2] and records.file(run).suffix == ".xz"
+    records.write(recs[:1], run)
+    with pytest.raises(ValueError, match="both"):
+        records.read([run])

@@ -1,4 +1,6 @@
-"""Records of GPU runs in `runs/<UTC date-time>_<commit>_<gpu>/records.jsonl`.
+"""Records of GPU runs in `runs/<UTC date-time>_<commit>_<gpu>/records.jsonl`; a pinned run in
+the repository keeps them xz-compressed as `records.jsonl.xz` (`compress`), which `read`
+reads alike (the tree travels to each GPU host and the records are most of its size).
 
 A record is one JSON object: `kind` (parity | bench | train), `variant`, `impl`,
 `params`, `metrics`, `env` (gpu, driver, torch, CUDA, commit, dirty flag) and `time`.
@@ -14,6 +16,7 @@ import datetime as _dt
 import fcntl
 import hashlib
 import json
+import lzma
 import os
 import platform
 import re
@@ -149,18 +152,58 @@ def write(records: dict | Iterable[dict], folder: Path | None = None) -> Path:
     return path
 
 
+NAMES = ("records.jsonl", "records.jsonl.xz")
+
+
+def file(folder: Path | str) -> Path | None:
+    """The records file of a run folder (records.jsonl or records.jsonl.xz), or None; a folder
+    with both is an error."""
+    found = [Path(folder) / n for n in NAMES if (Path(folder) / n).is_file()]
+    if len(found) > 1:
+        raise ValueError(f"{folder} holds both {NAMES[0]} and {NAMES[1]}: keep one")
+    return found[0] if found else None
+
+
+def compress(folder: Path | str) -> Path:
+    """Replace a run folder's records.jsonl by records.jsonl.xz (the form a pinned run keeps)."""
+    src = Path(folder) / NAMES[0]
+    dst = src.with_name(NAMES[1])
+    tmp = dst.with_name(f"{dst.name}.tmp{os.getpid()}")
+    with open(src, "rb") as f, lzma.open(tmp, "wb", preset=6) as z:
+        z.write(f.read())
+    os.replace(tmp, dst)
+    src.unlink()
+    return dst
+
+
+def _text(f: Path) -> str:
+    return lzma.open(f, "rt").read() if f.suffix == ".xz" else f.read_text()
+
+
 def read(paths: Iterable[Path | str] | None = None, kind: str | None = None) -> list[dict]:
     """All records under the given run folders or files (default: every run in runs/)."""
     files: list[Path] = []
     for p in ([RUNS] if paths is None else paths):
         p = Path(p)
-        files += sorted(p.rglob("records.jsonl")) if p.is_dir() else [p]
+        if p.is_dir():
+            folders = sorted({f.parent for n in NAMES for f in p.rglob(n)})
+            files += [file(d) for d in folders]
+        else:
+            files.append(p)
     out = []
     for f in files:
-        for line in f.read_text().splitlines():
+        for line in _text(f).splitlines():
             if line.strip():
                 r = json.loads(line)
                 r["run"] = f.parent.name
                 if kind is None or r["kind"] == kind:
                     out.append(r)
     return out
+
+
+if __name__ == "__main__":  # python -m elman.core.records compress RUN_FOLDER ...
+    import sys
+    if len(sys.argv) < 3 or sys.argv[1] != "compress":
+        sys.exit("usage: python -m elman.core.records compress RUN_FOLDER ...")
+    for folder in sys.argv[2:]:
+        print(compress(folder))

@@ -32,9 +32,9 @@ def runs(chapter: str) -> list[Path]:
     if names is None:
         raise KeyError(f"{pins_file().name} pins no run for chapter {chapter!r}: name its run folders there")
     folders = [records.RUNS / n for n in names]  # an absolute name stays as it is
-    missing = [f.name for f in folders if not (f / "records.jsonl").is_file()]
+    missing = [f.name for f in folders if not f.is_dir() or records.file(f) is None]
     if missing:
-        raise FileNotFoundError(f"runs pinned for {chapter!r} have no records.jsonl: {missing}")
+        raise FileNotFoundError(f"runs pinned for {chapter!r} have no records: {missing}")
     return folders
 
 

@@ -47,7 +47,7 @@ def describe(run: Path | str | None) -> str:
     if run is None:
         return "No GPU run with these records exists yet."
     run = Path(run)
-    recs = records.read([run]) if (run / "records.jsonl").is_file() else []
+    recs = records.read([run]) if run.is_dir() and records.file(run) else []
     commits = {str(r["env"].get("commit")) for r in recs}
     if len(commits) > 1:
         days = sorted(r["time"][:10] for r in recs)

@@ -314,6 +314,24 @@ def _join_parts(xz: Path, manifest: dict) -> None:
     os.replace(tmp, xz)
 
 
+def repart(xz: Path, part_mb: float) -> list[str]:
+    """Cut a packed corpus's .xz (or its parts, joined and checked first) into parts of at most
+    part_mb MiB, removing the old parts and updating the manifest; returns the new names."""
+    xz = Path(xz)
+    manifest = read_manifest(xz)
+    if manifest is None or "xz_sha256" not in manifest:
+        raise DataError(f"{xz} has no packed-corpus manifest {manifest_path(xz)}")
+    old = [xz.with_name(n) for n in manifest.get("xz_parts", [])]
+    if not xz.exists():
+        _join_parts(xz, manifest)
+    for p in old:
+        p.unlink(missing_ok=True)
+    manifest["xz_parts"] = split_parts(xz, int(part_mb * 2**20))
+    xz.unlink()
+    manifest_path(xz).write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest["xz_parts"]
+
+
 def unpack(xz: Path, out_dir: Path | None = None) -> Path:
     """Decompress a packed corpus (next to it by default) and check it against its manifest."""
     xz = Path(xz)
@@ -499,12 +517,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--corpus", type=Path,
                    help="the built corpus that --pack and --slice read (default data/<name>.txt)")
     p.add_argument("--part-mb", type=float, metavar="MB",
-                   help="with --pack: cut the .xz into parts of at most MB MiB (to carry)")
+                   help="with --pack or --repart: cut the .xz into parts of at most MB MiB (to carry)")
     act = p.add_mutually_exclusive_group()
     act.add_argument("--pack", type=float, metavar="MB",
                      help="write an xz subset of about MB megabytes of training text plus the "
                           "validation split (default out: .cache/data/<name>-<MB>M.txt.xz)")
     act.add_argument("--unpack", type=Path, metavar="FILE", help="decompress a packed corpus")
+    act.add_argument("--repart", type=Path, metavar="FILE",
+                     help="cut a packed corpus (FILE.xz) into parts of --part-mb MiB anew")
     act.add_argument("--slice", metavar="SIZE",
                      help="write a small test slice, e.g. 256K (default out: tests/data/<name>-slice.txt)")
     act.add_argument("--info", type=Path, metavar="FILE", help="print a data file's manifest and split")
@@ -556,6 +576,11 @@ def main(args: argparse.Namespace) -> int:
             where = f"{len(m['xz_parts'])} parts {out.name}.000 ..." if m.get("xz_parts") else str(out)
             print(f"wrote {where} ({m['xz_bytes'] / 1e6:.1f} MB xz, {m['bytes'] / 1e6:.1f} MB text, "
                   f"{m['documents']} documents) and {manifest_path(out)}")
+        elif args.repart is not None:
+            if not args.part_mb:
+                raise DataError("--repart needs --part-mb")
+            names = repart(args.repart, args.part_mb)
+            print(f"cut {args.repart} into {len(names)} parts: {', '.join(names)}")
         elif args.unpack is not None:
             out = unpack(args.unpack, args.out)
             print(f"unpacked {args.unpack} -> {out}")

@@ -202,7 +202,7 @@ def package_files(path: Path, archives: tuple[str, ...] = ()) -> Iterator[tuple[
         if shutil.which("dpkg-deb") is None:
             raise SourceError(f"reading {path.name} needs dpkg-deb (Debian's package `dpkg`); "
                               f"build the corpus on a Debian-based machine and carry it "
-                              f"(`elman data --pack MB --part-mb 60`)")
+                              f"(`elman data --pack MB --part-mb 40`)")
         proc = subprocess.Popen(["dpkg-deb", "--fsys-tarfile", str(path)], stdout=subprocess.PIPE)
         try:
             with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
