@@ -166,10 +166,32 @@ def test_bad_token_shape():
         tiny()(torch.zeros(5, dtype=torch.long))
 
 
+def test_compiled_norm_is_the_torch_norm():
+    """norm="compiled" is add_rms_norm_torch through torch.compile (on the CPU here): the same
+    output and fp32 residual, gradients to fp32 rounding, with and without a residual."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 32, generator=g).to(torch.bfloat16).requires_grad_()
+    res = torch.randn(64, 32, generator=g).requires_grad_()
+    norm = AddNorm(32, "compiled")
+    with torch.no_grad():
+        norm.weight.mul_(1 + 0.1 * torch.randn(32, generator=g))
+    for r in (res, None):
+        grads = []
+        for fn in (norm, lambda a, b: add_rms_norm_torch(a, norm.weight, b)):
+            y, out = fn(x, r)
+            inputs = (x, norm.weight) + ((r,) if r is not None else ())
+            grads.append((y, out, torch.autograd.grad((y.float() * 1.5).sum() + out.sum(), inputs)))
+        (y1, o1, g1), (y2, o2, g2) = grads
+        assert torch.equal(y1, y2) and torch.equal(o1, o2)
+        for a, b in zip(g1, g2):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
 @gpu
 @needs_cuda
-def test_fused_norm_matches_torch_norm_on_gpu():
-    diff = compare_norms(dim=1280, rows=4096)
+@pytest.mark.parametrize("impl", ["fused", "compiled"])
+def test_fused_norm_matches_torch_norm_on_gpu(impl):
+    diff = compare_norms(dim=1280, rows=4096, impl=impl)
     assert diff["max_abs_residual"] == 0.0            # both add in fp32
     assert diff["max_abs_out"] < 0.05                 # bf16 output: at most an ulp or so
     assert diff["frac_out_differ"] < 0.05

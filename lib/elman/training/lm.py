@@ -19,10 +19,11 @@ changes no value; `forward` returns [B, T, V] either way (a view in the time-maj
 `next_byte_loss` flattens the logits in their storage order, so the mean cross-entropy sums
 its terms in another order (fp32 rounding).
 
-The add + RMSNorm is one step with two implementations, chosen by `norm`:
+The add + RMSNorm is one step with three implementations, chosen by `norm`:
 `"fused"` is mamba-ssm's Triton kernel `rms_norm_fn(..., prenorm=True,
 residual_in_fp32=True)`; `"torch"` is the same math in PyTorch (`F.rms_norm` on the fp32
-sum, with autocast off), used on CPU. Both add in fp32, normalise in fp32 with eps 1e-5
+sum, with autocast off), used on CPU; `"compiled"` is that PyTorch function through
+torch.compile (Inductor writes its forward and backward kernels; compiled on first use). Both add in fp32, normalise in fp32 with eps 1e-5
 and return the normalised tensor in the dtype of the layer output that came in. The one
 numerical difference: the fused kernel sums the squares with Triton's tree reduction
 over a power-of-two block and takes 1/sqrt, PyTorch uses its own reduction order and
@@ -42,7 +43,7 @@ from .. import registry
 
 VOCAB = 256
 EPS = 1e-5
-NORMS = ("auto", "fused", "torch")
+NORMS = ("auto", "fused", "torch", "compiled")
 LAYOUTS = ("auto", "batch", "time")
 
 
@@ -62,18 +63,29 @@ def add_rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, residual: torch.Te
     return y.to(x.dtype), r
 
 
+_compiled: dict[str, object] = {}
+
+
+def _compiled_rms_norm():
+    if "fn" not in _compiled:
+        _compiled["fn"] = torch.compile(add_rms_norm_torch, dynamic=False)
+    return _compiled["fn"]
+
+
 class AddNorm(nn.Module):
     """Residual add + RMSNorm (weight only, initialised to ones)."""
 
     def __init__(self, dim: int, impl: str = "torch", eps: float = EPS):
         super().__init__()
-        if impl not in ("fused", "torch"):
-            raise ValueError(f"norm implementation must be 'fused' or 'torch', got {impl!r}")
+        if impl not in NORMS[1:]:
+            raise ValueError(f"norm implementation must be one of {NORMS[1:]}, got {impl!r}")
         self.weight = nn.Parameter(torch.ones(dim))
         self.impl, self.eps = impl, eps
         self._fused = _fused_rms_norm() if impl == "fused" else None
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if self.impl == "compiled":
+            return _compiled_rms_norm()(x, self.weight, residual, self.eps)
         if self._fused is None:
             return add_rms_norm_torch(x, self.weight, residual, self.eps)
         if not x.is_cuda:
@@ -128,8 +140,8 @@ class LadderLM(nn.Module):
     """Byte-level LM around any registered level: `LadderLM("E1", dim=256, depth=2)`.
 
     `backend` ("cuda" | "reference") goes to every layer, default "cuda" when CUDA is
-    available. `norm` is "fused", "torch" or "auto" (fused with the CUDA backend, torch
-    otherwise). `layout` is "time", "batch" or "auto" (time-major when every layer computes
+    available. `norm` is "fused", "torch", "compiled" or "auto" (fused with the CUDA
+    backend, torch otherwise). `layout` is "time", "batch" or "auto" (time-major when every layer computes
     time-major; the attribute `time_major` holds the choice). Other keyword options go to the
     level's layer class unchanged.
     """
@@ -197,20 +209,25 @@ def n_params(model: nn.Module) -> int:
 
 
 def compare_norms(dim: int = 1280, rows: int = 4096, dtype: torch.dtype = torch.bfloat16,
-                  device: str = "cuda", seed: int = 0) -> dict[str, float]:
-    """Fused (Triton) against PyTorch add + RMSNorm on random inputs: the largest
-    absolute differences of the output, of the fp32 residual and of the input gradients,
-    and the fraction of output elements that differ at all."""
+                  device: str = "cuda", seed: int = 0, impl: str = "fused") -> dict[str, float]:
+    """Fused (Triton; or `impl` "compiled") against PyTorch add + RMSNorm on random inputs:
+    the largest absolute differences of the output, of the fp32 residual and of the input
+    gradients, and the fraction of output elements that differ at all."""
     g = torch.Generator(device).manual_seed(seed)
     x = torch.randn(rows, dim, device=device, generator=g).to(dtype).requires_grad_()
     res = torch.randn(rows, dim, device=device, generator=g).requires_grad_()
     w = (1 + 0.1 * torch.randn(dim, device=device, generator=g)).requires_grad_()
     dy = torch.randn(rows, dim, device=device, generator=g).to(dtype)
-    fused = _fused_rms_norm()
+    if impl == "fused":
+        fused = _fused_rms_norm()
+        first = lambda: fused(x, w, None, residual=res, prenorm=True, residual_in_fp32=True, eps=EPS)
+    elif impl == "compiled":
+        first = lambda: _compiled_rms_norm()(x, w, res)
+    else:
+        raise ValueError(f"impl must be 'fused' or 'compiled', got {impl!r}")
     out = {}
     results = []
-    for fn in (lambda: fused(x, w, None, residual=res, prenorm=True, residual_in_fp32=True, eps=EPS),
-               lambda: add_rms_norm_torch(x, w, res)):
+    for fn in (first, lambda: add_rms_norm_torch(x, w, res)):
         y, r = fn()
         grads = torch.autograd.grad((y.float() * dy.float()).sum() + r.sum(), (x, res, w))
         results.append((y, r, *grads))

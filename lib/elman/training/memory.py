@@ -16,14 +16,15 @@ from .step import TrainStep
 
 
 def setup(level: str, dim: int, depth: int, expansion: float = 1.0, batch: int = 16, seq: int = 512,
-          options: dict | None = None):
+          options: dict | None = None, norm: str = "auto"):
     """The trainer's model and optimizer (`train.build`) on the GPU and one batch of random
     windows [batch, seq + 1]: (model, opt, data, cfg)."""
     if not torch.cuda.is_available():
         raise RuntimeError("training-step probes measure the GPU: they need a CUDA device")
     device = torch.device("cuda")
     cfg = {**train.DEFAULTS, "level": level, "dim": dim, "depth": depth, "expansion": expansion,
-           "option": [f"{k}={v}" for k, v in (options or {}).items()], "batch": batch, "seq": seq}
+           "option": [f"{k}={v}" for k, v in (options or {}).items()], "batch": batch, "seq": seq,
+           "norm": norm}
     model, opt = train.build(cfg, device)
     g = torch.Generator(device=device).manual_seed(0)
     data = torch.randint(0, 256, (batch, seq + 1), device=device, generator=g)

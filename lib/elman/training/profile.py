@@ -36,7 +36,8 @@ spectral_forward_ms, largest_kernels_ms ([name, ms] pairs), host_ops ({phase: {o
 copy_mb}}), peak_mem_mb.
 `python -m elman.training.profile --level E1 --dim 1280 --depth 6 --batch 64` prints the
 breakdown; `--preset issue20` runs issue 20's four configurations (E0, E1, E42 at d1280 x 6,
-B 64, T 512; E1 at d640, expansion 2, depth 20, B 32) in every setup and mode.
+B 64, T 512; E1 at d640, expansion 2, depth 20, B 32) in every setup and mode; `--norm fused
+compiled` compares add + RMSNorm implementations (`lm.NORMS`; params: norm).
 """
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ..core import records
 from ..core.layer import RecurrentLayer
 from ..core.spectral import spectral_weights
-from . import memory, train
+from . import lm, memory, train
 from .optim import AdamWScheduleFree
 from .step import TrainStep, loss_of
 
@@ -69,6 +70,8 @@ CATEGORIES = (
                               r"warp_(forward|backward)|gated_|matrix_|dense_step|lowrank|tape", re.I)),
     ("spectral norm (gemv, dot)", re.compile(r"gemv|dot_kernel", re.I)),
     ("gemm", re.compile(r"gemm|nvjet|cutlass|xmma|wgmma|sm90_|cublas|ampere_|Kernel2", re.I)),
+    ("optimizer (fused)", re.compile(r"_sf_adamw")),  # optim.AdamWScheduleFree's kernel
+    ("torch.compile", re.compile(r"^triton_(poi|per|red|tem)_")),  # Inductor's kernels (norm="compiled")
     ("norm", re.compile(r"rms|layer_norm", re.I)),  # the add + RMSNorm (Triton or PyTorch)
     ("copy and cast", re.compile(r"copy|cast|convert|memcpy|memset|fill|to_copy", re.I)),
     ("elementwise and reductions", re.compile(r"elementwise|vectorized|reduce|unrolled|foreach|"
@@ -184,7 +187,7 @@ def spectral_forward_ms(model: torch.nn.Module, reps: int = 20) -> float:
 
 def lm_profile_record(level: str, dim: int, depth: int, expansion: float = 1.0, batch: int = 64,
                       seq: int = 512, options: dict | None = None, steps: int = 10, top: int = 15,
-                      mode: str = "trainer", setup: str = "after") -> dict:
+                      mode: str = "trainer", setup: str = "after", norm: str = "auto") -> dict:
     """Warm up two steps, time `steps` back-to-back steps by phase, then profile one step by
     kernel and count one step's host ops, in `mode` (MODES) and `setup` (SETUPS)."""
     if mode not in MODES:
@@ -193,7 +196,7 @@ def lm_profile_record(level: str, dim: int, depth: int, expansion: float = 1.0, 
         raise ValueError(f"setup must be one of {SETUPS}, got {setup!r}")
     if not torch.cuda.is_available():
         raise RuntimeError("lm_profile_record profiles GPU kernels: it needs a CUDA device")
-    model, opt, data, cfg = memory.setup(level, dim, depth, expansion, batch, seq, options)
+    model, opt, data, cfg = memory.setup(level, dim, depth, expansion, batch, seq, options, norm)
     apply_setup(model, opt, setup)
     step = TrainStep(model, opt, cfg["grad_clip"], graph=_graph(mode))
     for _ in range(2):
@@ -221,7 +224,7 @@ def lm_profile_record(level: str, dim: int, depth: int, expansion: float = 1.0, 
     largest = sorted(kernels.items(), key=lambda kv: -kv[1])[:top]
     kernel_total = sum(kernels.values())
     params = memory.step_params("lm_profile", model, cfg, options)
-    params.update(mode=mode, setup=setup, steps=steps)
+    params.update(mode=mode, setup=setup, steps=steps, norm=model.norm)
     peak = torch.cuda.max_memory_allocated() / 2 ** 20
     rec = records.make("bench", model.level, f"lm:{model.backend}", params,
                        {"phase_ms": median, "tokens_per_s": batch * seq * steps / (total_ms / 1000),
@@ -262,7 +265,7 @@ def comparison(recs: list[dict]) -> str:
     """A table with one row per record (configuration and mode): tokens/s, step and phase
     times, idle time and the kernel time of each category."""
     cats = [name for name, _ in CATEGORIES] + ["other"]
-    head = ["level", "d x L (e)", "B", "setup", "mode", "tokens/s", "step ms", "fwd", "bwd", "clip",
+    head = ["level", "d x L (e)", "B", "norm", "setup", "mode", "tokens/s", "step ms", "fwd", "bwd", "clip",
             "opt", "idle", "SN fwd", "copies", "copy MB", *cats]
     rows = []
     for r in recs:
@@ -272,7 +275,7 @@ def comparison(recs: list[dict]) -> str:
                  else [f"{fused:.2f} (all)", "", ""])
         ops = m.get("host_ops", {}).values()
         rows.append([r["variant"], f"{p['dim']} x {p['depth']} ({p['expansion']:g})", str(p["B"]),
-                     p.get("setup", "-"), p.get("mode", "-"), f"{m['tokens_per_s']:,.0f}",
+                     p.get("norm", "fused"), p.get("setup", "-"), p.get("mode", "-"), f"{m['tokens_per_s']:,.0f}",
                      f"{ph['step']:.2f}", *split, f"{ph['optimizer']:.2f}", f"{m.get('idle_ms', 0.0):.2f}",
                      f"{m.get('spectral_forward_ms', 0.0):.2f}",
                      f"{sum(c['copies'] for c in ops):.0f}" if ops else "-",
@@ -302,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"step modes to run (default all: {' '.join(MODES)})")
     p.add_argument("--setup", nargs="+", choices=SETUPS, default=list(SETUPS),
                    help="setups to run (default both: before after)")
+    p.add_argument("--norm", nargs="+", choices=lm.NORMS, default=["auto"],
+                   help="add + RMSNorm implementations to run (default auto: fused on CUDA)")
     p.add_argument("--steps", type=int, default=10, help="timed steps per configuration and mode")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--brief", action="store_true", help="print only the comparison table")
@@ -309,14 +314,15 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     options = train.parse_options(args.option)
     recs, failed = [], []
-    runs = [(c, setup, mode) for c in configs(args) for setup in args.setup for mode in args.mode]
-    for (level, dim, depth, expansion, batch), setup, mode in runs:
+    runs = [(c, norm, setup, mode) for c in configs(args) for norm in args.norm for setup in args.setup
+            for mode in args.mode]
+    for (level, dim, depth, expansion, batch), norm, setup, mode in runs:
         try:
             rec = lm_profile_record(level, dim, depth, expansion, batch, args.seq, options,
-                                    steps=args.steps, mode=mode, setup=setup)
+                                    steps=args.steps, mode=mode, setup=setup, norm=norm)
         except Exception as exc:  # one configuration's failure (e.g. a capture) must not end the rest
-            failed.append(f"{level} d{dim} x {depth} e {expansion:g} B {batch} {setup} {mode}: "
-                          f"{type(exc).__name__}: {exc}")
+            name = f"{level} d{dim} x {depth} e {expansion:g} B {batch}" + (f" {norm}" if norm != "auto" else "")
+            failed.append(f"{name} {setup} {mode}: {type(exc).__name__}: {exc}")
             print(f"FAILED {failed[-1]}", flush=True)
             torch.cuda.empty_cache()
             continue

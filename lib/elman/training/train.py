@@ -68,7 +68,7 @@ from tqdm import tqdm
 
 from ..core import records, spectral
 from .data import DEFAULT_DATA, Batches, ByteData, DataError
-from .lm import LadderLM, n_params
+from .lm import NORMS, LadderLM, n_params
 from .optim import AdamWScheduleFree
 from .paths import PathProbe, summary as path_summary
 from .step import TrainStep
@@ -107,7 +107,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a("--option", action="append", metavar="KEY=VALUE",
       help="a level-specific layer option, repeatable (e.g. --option r_h_mode=none)")
     a("--backend", choices=("cuda", "reference"), help="layer backend (default: cuda on GPU)")
-    a("--norm", choices=("auto", "fused", "torch"), help="add+RMSNorm implementation (default auto)")
+    a("--norm", choices=NORMS, help="add+RMSNorm implementation (default auto)")
     a("--grad-checkpoint", action="store_true", default=None, help="gradient checkpointing per layer")
     a("--graph", action="store_true", default=None,
       help="replay forward, backward and clipping from a CUDA graph (one GPU; the optimizer "
