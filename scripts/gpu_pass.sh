@@ -56,6 +56,10 @@ stage() {
 }
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 
+if [ -z "${ELMAN_RUN_DIR:-}" ] && [ "$STAGES" = pack ]; then
+  echo "gpu_pass.sh pack alone packs an earlier pass: set ELMAN_RUN_DIR to its run folder" >&2
+  exit 2
+fi
 if [ -z "${ELMAN_RUN_DIR:-}" ]; then
   gpu=$(python3 -c "import torch,re;print(re.sub(r'[^A-Za-z0-9]+','-',torch.cuda.get_device_name()).strip('-').lower())")
   export ELMAN_RUN_DIR=$ROOT/runs/$(date -u +%Y%m%dT%H%M%SZ)_${ELMAN_COMMIT:-unknown}_$gpu

@@ -50,3 +50,13 @@ def test_session_runs_a_plan_and_packs_every_run_folder(tmp_path: Path):
     names = subprocess.run(["tar", "tzf", str(out / "pass.tgz")], capture_output=True, text=True).stdout.split()
     assert {"runs/A_run/records.jsonl", "runs/B_run/records.jsonl", "out/gpu_pass.log"} <= set(names)
     assert not (tree / "runs").exists()  # the passes ran on the copy
+
+
+def test_pack_alone_needs_the_run_folder(tmp_path: Path):
+    """`gpu_pass.sh pack` in a later process would otherwise make (and pack) a new, empty run
+    folder: it stops with a message instead."""
+    env = {k: v for k, v in os.environ.items() if k != "ELMAN_RUN_DIR"}
+    env.update(OUT=str(tmp_path / "out"), PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_pass.sh"), "pack"], env=env,
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 2 and "ELMAN_RUN_DIR" in proc.stderr
