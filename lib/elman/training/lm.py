@@ -33,6 +33,7 @@ bf16 can flip the last bit of some elements. `compare_norms` measures it.
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -63,13 +64,9 @@ def add_rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, residual: torch.Te
     return y.to(x.dtype), r
 
 
-_compiled: dict[str, object] = {}
-
-
+@functools.cache
 def _compiled_rms_norm():
-    if "fn" not in _compiled:
-        _compiled["fn"] = torch.compile(add_rms_norm_torch, dynamic=False)
-    return _compiled["fn"]
+    return torch.compile(add_rms_norm_torch, dynamic=False)
 
 
 class AddNorm(nn.Module):

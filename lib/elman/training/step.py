@@ -1,10 +1,9 @@
 """One training step of a LadderLM as the trainer and the step probes take it, without any host
 synchronisation: the forward under autocast, fp32 cross-entropy, backward and gradient
 clipping (`TrainStep.__call__`, which returns the loss and the pre-clip gradient norm as
-device tensors), then the optimizer step (`TrainStep.update`). With the fused schedule-free
-AdamW (`optim.AdamWScheduleFree`) the optimizer step is guarded on the device: it changes
-nothing unless the loss and the norm are finite, so the trainer can queue it before it reads
-them on the host.
+device tensors), then the optimizer step (`TrainStep.update`), schedule-free AdamW
+(`optim.AdamWScheduleFree`) guarded on the device: it changes nothing unless the loss and the
+norm are finite, so the trainer can queue it before it reads them on the host.
 
 `graph=True` captures the forward, backward and clipping of one fixed batch shape in a CUDA
 graph on the first call and replays it afterwards (the batch is copied into the graph's
@@ -56,7 +55,7 @@ class TrainStep:
     backward, clip; `update` adds one after the optimizer); in graph mode the forward,
     backward and clip are one replay, so only its start and end are marked."""
 
-    def __init__(self, model: torch.nn.Module, opt: torch.optim.Optimizer, clip: float,
+    def __init__(self, model: torch.nn.Module, opt: AdamWScheduleFree, clip: float,
                  dtype: torch.dtype | None = torch.bfloat16, graph: bool = False,
                  forward: Callable | None = None):
         self.model, self.opt, self.clip, self.dtype = model, opt, clip, dtype
@@ -106,13 +105,10 @@ class TrainStep:
         return loss, gnorm
 
     def update(self, marks: list | None = None) -> None:
-        """The optimizer step (guarded by the last step's finiteness where the optimizer takes
-        it); in eager mode also the gradients to None (graph mode keeps the graph's gradient
-        tensors, which the next replay overwrites)."""
-        if isinstance(self.opt, AdamWScheduleFree):
-            self.opt.step(finite=self._finite)
-        else:
-            self.opt.step()
+        """The optimizer step, guarded by the last step's finiteness; in eager mode also the
+        gradients to None (graph mode keeps the graph's gradient tensors, which the next replay
+        overwrites)."""
+        self.opt.step(finite=self._finite)
         if not self.graph_mode:
             self.opt.zero_grad(set_to_none=True)
         _mark(marks)
