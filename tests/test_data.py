@@ -202,10 +202,8 @@ def test_batches_prefetch_the_same_windows_and_resume_mid_stream():
     d = data.ByteData(SLICE)
     straight = data.Batches(d, 4, 32, seed=7)
     first = [(s, x.clone()) for (s, x), _ in zip(straight, range(6))]
-    straight.close()
     resumed = data.Batches(d, 4, 32, seed=7, start_step=3)
     later = [(s, x.clone()) for (s, x), _ in zip(resumed, range(3))]
-    resumed.close()
     assert [s for s, _ in first] == list(range(6)) and [s for s, _ in later] == [3, 4, 5]
     for (s, x), (_, y) in zip(first[3:], later):
         assert torch.equal(x, y) and x.dtype == torch.long
@@ -218,7 +216,6 @@ def test_batches_hand_loader_errors_to_the_consumer(tmp_path):
     b = data.Batches(data.ByteData(f), 2, 64, seed=0)
     with pytest.raises(data.DataError):
         next(iter(b))
-    b.close()
 
 
 def test_cli_slice_and_info(corpus, tmp_path, capsys):
@@ -275,9 +272,7 @@ def test_same_windows_in_the_same_order_for_every_loader_with_the_same_seed():
     for _ in range(2):
         b = data.Batches(data.ByteData(data.MIX_SLICE), 4, 64, seed=42)
         runs.append([x.clone() for (_, x), _ in zip(b, range(10))])
-        b.close()
     assert all(torch.equal(x, y) for x, y in zip(*runs))
     other = data.Batches(data.ByteData(data.MIX_SLICE), 4, 64, seed=43)
     first = next(iter(other))[1]
-    other.close()
     assert not torch.equal(first, runs[0][0])

@@ -33,11 +33,9 @@ import io
 import json
 import lzma
 import os
-import queue
 import shutil
 import subprocess
 import tarfile
-import threading
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -399,8 +397,9 @@ class ByteData:
                             f"one window of T+1 = {T + 1}")
 
     def windows(self, positions: np.ndarray, T: int) -> np.ndarray:
-        """[len(positions), T+1] uint8: the bytes at p .. p+T for every position."""
-        return np.stack([self.bytes[p:p + T + 1] for p in positions])
+        """[len(positions), T+1] uint8: the bytes at p .. p+T for every position (one gather)."""
+        positions = np.asarray(positions, dtype=np.int64)
+        return np.asarray(self.bytes[positions[:, None] + np.arange(T + 1)])
 
     def train_positions(self, step: int, batch: int, T: int, seed: int, rank: int = 0) -> np.ndarray:
         self._check(self.val_start, T, "training")
@@ -450,48 +449,33 @@ class ByteData:
 
 
 class Batches:
-    """Training batches from `start_step` on, prepared by a background thread (pinned
-    memory on CUDA). Iterating yields (step, LongTensor [batch, T+1] on device)."""
+    """Training batches from `start_step` on. Iterating yields (step, LongTensor [batch, T+1]
+    on device). `prefetch()` gathers the next batch on the host and queues its copy (from
+    pinned memory on CUDA): the trainer calls it once it has queued a step, so the host work
+    runs while the GPU computes. There is no loader thread: one would hold the GIL while it
+    gathers a batch and delay the loop that launches the next step (dev/lm_input_gpu_check.py)."""
 
     def __init__(self, data: ByteData, batch: int, T: int, seed: int, rank: int = 0,
-                 start_step: int = 0, device: torch.device | str = "cpu", depth: int = 2):
+                 start_step: int = 0, device: torch.device | str = "cpu"):
         self.data, self.batch, self.T, self.seed, self.rank = data, batch, T, seed, rank
         self.device = torch.device(device)
-        self.queue: queue.Queue = queue.Queue(maxsize=depth)
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._fill, args=(start_step,), daemon=True)
-        self.thread.start()
+        self.step = start_step
+        self._next: tuple[int, torch.Tensor] | None = None
 
-    def _fill(self, step: int) -> None:
-        try:
-            while not self.stop.is_set():
-                x = torch.from_numpy(self.data.batch(step, self.batch, self.T, self.seed, self.rank))
-                if self.device.type == "cuda":
-                    x = x.pin_memory()
-                self._put((step, x))
-                step += 1
-        except BaseException as exc:  # handed to the consumer, which re-raises it
-            self._put(exc)
-
-    def _put(self, item) -> None:
-        while not self.stop.is_set():
-            try:
-                self.queue.put(item, timeout=0.1)
-                return
-            except queue.Full:
-                continue
+    def prefetch(self) -> None:
+        """Gather the next batch and queue its copy to the device (once until it is taken)."""
+        if self._next is None:
+            x = torch.from_numpy(self.data.batch(self.step, self.batch, self.T, self.seed, self.rank))
+            if self.device.type == "cuda":
+                x = x.pin_memory()
+            self._next = (self.step, x.to(self.device, non_blocking=True).long())
+            self.step += 1
 
     def __iter__(self) -> Iterator[tuple[int, torch.Tensor]]:
         while True:
-            item = self.queue.get()
-            if isinstance(item, BaseException):
-                raise item
-            step, x = item
-            yield step, x.to(self.device, non_blocking=True).long()
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(timeout=5)
+            self.prefetch()
+            item, self._next = self._next, None
+            yield item
 
 
 # ---------------------------------------------------------------------------------------

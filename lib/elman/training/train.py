@@ -514,10 +514,11 @@ def _run(cfg: dict, signals: _Signals) -> dict:
             stop = "budget"
         for k, batch in (batches if stop is None else ()):
             loss, gnorm = train_step(batch)
-            # The optimizer step is queued first: it changes nothing unless the loss and the norm
-            # are finite (a device-side guard), so the GPU has it to run during the step's one
-            # host read, which decides whether the run goes on.
+            # The optimizer step and the next batch's copy are queued first: the update changes
+            # nothing unless the loss and the norm are finite (a device-side guard), so the GPU
+            # has both to run during the step's one host read, which decides whether the run goes on.
             train_step.update()
+            batches.prefetch()
             sig, late = signals.received is not None, lead and elapsed >= budget_s
             if world > 1:
                 flags = torch.stack([loss.float(), gnorm.float(), loss.new_tensor(float(sig)),
@@ -579,7 +580,6 @@ def _run(cfg: dict, signals: _Signals) -> dict:
                 break
     finally:
         probe.close()
-        batches.close()
         bar.close()
     if stop == "signal":
         checkpoint()
