@@ -19,21 +19,21 @@ changes no value; `forward` returns [B, T, V] either way (a view in the time-maj
 `next_byte_loss` flattens the logits in their storage order, so the mean cross-entropy sums
 its terms in another order (fp32 rounding).
 
-The add + RMSNorm is one step with three implementations, chosen by `norm`:
-`"fused"` is mamba-ssm's Triton kernel `rms_norm_fn(..., prenorm=True,
-residual_in_fp32=True)`; `"torch"` is the same math in PyTorch (`F.rms_norm` on the fp32
-sum, with autocast off), used on CPU; `"compiled"` is that PyTorch function through
-torch.compile (Inductor writes its forward and backward kernels; compiled on first use). Both add in fp32, normalise in fp32 with eps 1e-5
-and return the normalised tensor in the dtype of the layer output that came in. The one
-numerical difference: the fused kernel sums the squares with Triton's tree reduction
-over a power-of-two block and takes 1/sqrt, PyTorch uses its own reduction order and
-rsqrt, so the two agree to fp32 rounding (about 1e-7 relative), which after the cast to
-bf16 can flip the last bit of some elements. `compare_norms` measures it.
+The add + RMSNorm is one step with three implementations, chosen by `norm`: `"elman"`
+(the default on the CUDA backend) is this package's Triton forward and backward
+(`addnorm.add_rms_norm`: one pass each, the backward reading and writing only what its math
+needs); `"fused"` is mamba-ssm's Triton kernel `rms_norm_fn(..., prenorm=True,
+residual_in_fp32=True)`, kept to compare against; `"torch"` is the same math in PyTorch
+(`F.rms_norm` on the fp32 sum, with autocast off), used on CPU. All add in fp32, normalise in
+fp32 with eps 1e-5 and return the normalised tensor in the dtype of the layer output that came
+in. The one numerical difference: the Triton kernels sum the squares with Triton's tree
+reduction over a power-of-two block, PyTorch uses its own reduction order, so they agree to
+fp32 rounding (about 1e-7 relative), which after the cast to bf16 can flip the last bit of
+some elements. `compare_norms` measures it.
 """
 from __future__ import annotations
 
 import contextlib
-import functools
 
 import torch
 import torch.nn.functional as F
@@ -41,10 +41,11 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .. import registry
+from .addnorm import add_rms_norm
 
 VOCAB = 256
 EPS = 1e-5
-NORMS = ("auto", "fused", "torch", "compiled")
+NORMS = ("auto", "elman", "fused", "torch")
 LAYOUTS = ("auto", "batch", "time")
 
 
@@ -64,11 +65,6 @@ def add_rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, residual: torch.Te
     return y.to(x.dtype), r
 
 
-@functools.cache
-def _compiled_rms_norm():
-    return torch.compile(add_rms_norm_torch, dynamic=False)
-
-
 class AddNorm(nn.Module):
     """Residual add + RMSNorm (weight only, initialised to ones)."""
 
@@ -81,8 +77,8 @@ class AddNorm(nn.Module):
         self._fused = _fused_rms_norm() if impl == "fused" else None
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        if self.impl == "compiled":
-            return _compiled_rms_norm()(x, self.weight, residual, self.eps)
+        if self.impl == "elman":
+            return add_rms_norm(x, self.weight, residual, self.eps)
         if self._fused is None:
             return add_rms_norm_torch(x, self.weight, residual, self.eps)
         if not x.is_cuda:
@@ -137,10 +133,10 @@ class LadderLM(nn.Module):
     """Byte-level LM around any registered level: `LadderLM("E1", dim=256, depth=2)`.
 
     `backend` ("cuda" | "reference") goes to every layer, default "cuda" when CUDA is
-    available. `norm` is "fused", "torch", "compiled" or "auto" (fused with the CUDA
-    backend, torch otherwise). `layout` is "time", "batch" or "auto" (time-major when every layer computes
-    time-major; the attribute `time_major` holds the choice). Other keyword options go to the
-    level's layer class unchanged.
+    available. `norm` is "elman", "fused", "torch" or "auto" (elman with the CUDA backend,
+    torch otherwise). `layout` is "time", "batch" or "auto" (time-major when
+    every layer computes time-major; the attribute `time_major` holds the choice). Other
+    keyword options go to the level's layer class unchanged.
     """
 
     def __init__(self, level: str, dim: int, depth: int, expansion: float = 1.0,
@@ -156,7 +152,7 @@ class LadderLM(nn.Module):
         self.entry = registry.get(level)
         self.level, self.dim, self.depth, self.expansion = self.entry.name, dim, depth, expansion
         self.backend = backend or default_backend()
-        self.norm = norm if norm != "auto" else ("fused" if self.backend == "cuda" else "torch")
+        self.norm = norm if norm != "auto" else ("elman" if self.backend == "cuda" else "torch")
         self.options = dict(options)
         self.gradient_checkpointing = gradient_checkpointing
         self.embedding = nn.Embedding(vocab_size, dim)
@@ -206,8 +202,8 @@ def n_params(model: nn.Module) -> int:
 
 
 def compare_norms(dim: int = 1280, rows: int = 4096, dtype: torch.dtype = torch.bfloat16,
-                  device: str = "cuda", seed: int = 0, impl: str = "fused") -> dict[str, float]:
-    """Fused (Triton; or `impl` "compiled") against PyTorch add + RMSNorm on random inputs:
+                  device: str = "cuda", seed: int = 0, impl: str = "elman") -> dict[str, float]:
+    """A Triton add + RMSNorm (`impl` "elman" or "fused") against PyTorch's on random inputs:
     the largest absolute differences of the output, of the fp32 residual and of the input
     gradients, and the fraction of output elements that differ at all."""
     g = torch.Generator(device).manual_seed(seed)
@@ -218,10 +214,10 @@ def compare_norms(dim: int = 1280, rows: int = 4096, dtype: torch.dtype = torch.
     if impl == "fused":
         fused = _fused_rms_norm()
         first = lambda: fused(x, w, None, residual=res, prenorm=True, residual_in_fp32=True, eps=EPS)
-    elif impl == "compiled":
-        first = lambda: _compiled_rms_norm()(x, w, res)
+    elif impl == "elman":
+        first = lambda: add_rms_norm(x, w, res)
     else:
-        raise ValueError(f"impl must be 'fused' or 'compiled', got {impl!r}")
+        raise ValueError(f"impl must be 'elman' or 'fused', got {impl!r}")
     out = {}
     results = []
     for fn in (first, lambda: add_rms_norm_torch(x, w, res)):

@@ -36,8 +36,8 @@ spectral_forward_ms, largest_kernels_ms ([name, ms] pairs), host_ops ({phase: {o
 copy_mb}}), peak_mem_mb.
 `python -m elman.training.profile --level E1 --dim 1280 --depth 6 --batch 64` prints the
 breakdown; `--preset issue20` runs issue 20's four configurations (E0, E1, E42 at d1280 x 6,
-B 64, T 512; E1 at d640, expansion 2, depth 20, B 32) in every setup and mode; `--norm fused
-compiled` compares add + RMSNorm implementations (`lm.NORMS`; params: norm).
+B 64, T 512; E1 at d640, expansion 2, depth 20, B 32) in every setup and mode; `--norm elman
+fused` compares add + RMSNorm implementations (`lm.NORMS`; params: norm).
 """
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ CATEGORIES = (
     ("spectral norm (gemv, dot)", re.compile(r"gemv|dot_kernel", re.I)),
     ("gemm", re.compile(r"gemm|nvjet|cutlass|xmma|wgmma|sm90_|cublas|ampere_|Kernel2", re.I)),
     ("optimizer (fused)", re.compile(r"_sf_adamw")),  # optim.AdamWScheduleFree's kernel
-    ("torch.compile", re.compile(r"^triton_(poi|per|red|tem)_")),  # Inductor's kernels (norm="compiled")
+    ("torch.compile", re.compile(r"^triton_(poi|per|red|tem)_")),  # Inductor's kernels
     ("norm", re.compile(r"rms|layer_norm", re.I)),  # the add + RMSNorm (Triton or PyTorch)
     ("copy and cast", re.compile(r"copy|cast|convert|memcpy|memset|fill|to_copy", re.I)),
     ("elementwise and reductions", re.compile(r"elementwise|vectorized|reduce|unrolled|foreach|"
