@@ -11,6 +11,7 @@ import textwrap
 import pytest
 import torch
 
+from elman.training.addnorm import add_rms_norm
 from elman.training.lm import AddNorm, LadderLM
 
 # Triton 3.6's interpreter turns a loop bound into an int with int() of a one-element array,
@@ -125,3 +126,17 @@ def test_elman_norm_refuses_cpu_tensors_outside_the_interpreter():
     with pytest.raises(RuntimeError, match="needs CUDA.*norm='torch'"):
         norm(torch.randn(2, 8))
     assert LadderLM("E1", 16, 1, backend="reference", norm="elman").norms[0].impl == "elman"
+
+
+@pytest.mark.parametrize("case, error, match", [
+    (lambda: (torch.randn(2, 8), torch.ones(7), None), ValueError, "weight must have shape"),
+    (lambda: (torch.randn(2, 8), torch.ones(8), torch.randn(2, 8).bfloat16()), ValueError, "residual must be fp32"),
+    (lambda: (torch.randn(2, 8), torch.ones(8), torch.randn(3, 8)), ValueError, "residual must be fp32"),
+    (lambda: (torch.zeros(2, 8, dtype=torch.long), torch.ones(8), None), ValueError, "x must be fp32, bf16 or fp16"),
+    (lambda: (torch.randn(2, 8193), torch.ones(8193), None), ValueError, "rows of 1 to 8192"),
+    (lambda: (torch.randn(2, 8), torch.ones(8), None), RuntimeError, "needs CUDA"),
+])
+def test_bad_inputs_raise_before_launch(case, error, match):
+    x, w, res = case()
+    with pytest.raises(error, match=match):
+        add_rms_norm(x, w, res)

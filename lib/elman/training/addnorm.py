@@ -38,6 +38,7 @@ from torch.autograd.function import once_differentiable
 # of 32 threads fit the 64K registers of an SM at up to 85 registers a thread; the bf16 kernel
 # compiled for sm_90 takes 56 to 80 for N <= 2048).
 WARPS_PER_SM = 24
+MAX_N = 8192  # widest row: one block of registers a row (126 registers a thread at 8192)
 INTERPRETER_PROGRAMS = 4  # backward programs under the interpreter (no SMs to count)
 
 
@@ -148,11 +149,19 @@ def add_rms_norm(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor |
                  eps: float = 1e-5) -> tuple[torch.Tensor, torch.Tensor]:
     """(RMSNorm(x + residual) in x's dtype, x + residual in fp32) by the Triton kernels.
     x: [..., N]; weight: [N]; residual: fp32, x's shape, or None."""
-    if not (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
-        raise RuntimeError("the elman add + RMSNorm (Triton) needs CUDA tensors; use norm='torch' on CPU")
+    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16) or x.dim() == 0:
+        raise ValueError(f"x must be fp32, bf16 or fp16 with a last dimension, got {x.dtype} {tuple(x.shape)}")
+    if not 1 <= x.shape[-1] <= MAX_N:
+        raise ValueError(f"the elman add + RMSNorm takes rows of 1 to {MAX_N} elements, got "
+                         f"{x.shape[-1]}; use norm='fused' or norm='torch'")
     if weight.shape != x.shape[-1:]:
         raise ValueError(f"weight must have shape {tuple(x.shape[-1:])}, got {tuple(weight.shape)}")
     if residual is not None and (residual.dtype != torch.float32 or residual.shape != x.shape):
         raise ValueError(f"residual must be fp32 of shape {tuple(x.shape)}, "
                          f"got {residual.dtype} {tuple(residual.shape)}")
+    if not (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
+        raise RuntimeError("the elman add + RMSNorm (Triton) needs CUDA tensors; use norm='torch' on CPU")
+    tensors = (x, weight) + ((residual,) if residual is not None else ())
+    if any(t.device != x.device for t in tensors):
+        raise ValueError(f"x, weight and residual must be on one device, got {[str(t.device) for t in tensors]}")
     return _AddRMSNorm.apply(x, weight, residual, eps)
