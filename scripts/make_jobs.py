@@ -6,11 +6,14 @@ count, so that no width is typed in. The tables' rows, depth, batch and corpus a
     python scripts/make_jobs.py 50m  > scripts/train_50m.jobs
     python scripts/make_jobs.py 100m > scripts/train_100m.jobs
     python scripts/make_jobs.py 100m --top 5 runs/<run> > second_seeds.jobs
+    python scripts/make_jobs.py 50m --missing > next.jobs
 
 A table's file runs every row at seed 42, then E1 again at seed 43. Once the first seeds have
 run, `--top K` reads their records (the given run folders, else the chapter's pinned runs),
 ranks the table by validation loss and writes seed-43 jobs for the first K models that have
-no seed-43 run yet (E1's is in the table's file). `--levels` and `--seed` write any subset.
+no seed-43 run yet (E1's is in the table's file). `--missing` writes the jobs the table still
+needs: every row with no run at seed 42 and E1 at seed 43 unless it ran, from the same records
+(a session's job file once runs are pinned). `--levels` and `--seed` write any subset.
 
 The 50M table: E1 at d1280 x 6 sets the count; every other row at depth 6 takes the width whose
 count is closest, except E42, which the seed study ran at d1536 x 6; batch 64. The 100M table:
@@ -80,6 +83,18 @@ def second_seeds(table: str, rows: list[dict], k: int, minutes: int = 10) -> lis
     return jobs(table, levels, leaderboard.SECOND_SEED, minutes)
 
 
+def missing_jobs(table: str, rows: list[dict], minutes: int = 10) -> list[str]:
+    """The table's jobs with no run in `rows` (from `training.rows`): the rows missing at the
+    protocol's seed, then ALWAYS_SECOND at the second seed where it has no run."""
+    b = {x.table.key: x for x in leaderboard.boards(rows)[0]}[table]
+    ran = {(r["level"].lower(), r.get("seed")) for r in b.rows}
+    first = [lv for lv in b.table.levels if (lv.lower(), leaderboard.SEED) not in ran]
+    second = [lv for lv in ALWAYS_SECOND if (lv.lower(), leaderboard.SECOND_SEED) not in ran]
+    lines = (jobs(table, first, leaderboard.SEED, minutes) if first else []) + \
+        (jobs(table, second, leaderboard.SECOND_SEED, minutes) if second else [])
+    return lines or [f"# {table} table: every row has its runs"]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("table", choices=sorted(leaderboard.TABLES))
@@ -87,11 +102,14 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=leaderboard.SEED)
     p.add_argument("--minutes", type=int, default=10)
     p.add_argument("--top", type=int, metavar="K", help="second-seed jobs for the first K ranked models")
-    p.add_argument("runs", nargs="*", type=Path, help="with --top: run folders (default: the chapter's pins)")
+    p.add_argument("--missing", action="store_true", help="the jobs of rows with no run yet")
+    p.add_argument("runs", nargs="*", type=Path,
+                   help="with --top or --missing: run folders (default: the chapter's pins)")
     args = p.parse_args()
-    if args.top:
-        folders = args.runs or pins.runs("leaderboard")
-        lines = second_seeds(args.table, training.rows(records.read(folders, kind="train")), args.top, args.minutes)
+    if args.top or args.missing:
+        rows = training.rows(records.read(args.runs or pins.runs("leaderboard"), kind="train"))
+        lines = (second_seeds(args.table, rows, args.top, args.minutes) if args.top
+                 else missing_jobs(args.table, rows, args.minutes))
     elif args.levels or args.seed != leaderboard.SEED:
         lines = jobs(args.table, args.levels, args.seed, args.minutes)
     else:

@@ -56,3 +56,11 @@ def test_second_seeds_take_the_top_models_without_one():
     runs = _runs("\n".join(make_jobs.second_seeds("50m", rows, 5)))
     assert runs == [("E42", "43"), ("E0", "43"), ("E39", "43")]  # E1's is in the table's file
     assert make_jobs.second_seeds("50m", rows[1:3] + rows[-1:], 2)[0].startswith("# 50m table: no second seed")
+
+
+def test_missing_jobs_are_the_rows_and_second_seed_not_run_yet():
+    rows = [_row("E1", 42, 1.0), _row("E33", 42, 1.1), _row("E33", 43, 1.2)]
+    runs = _runs("\n".join(make_jobs.missing_jobs("50m", rows)))
+    assert runs == [(lv, "42") for lv in leaderboard.TABLES["50m"].levels if lv not in ("E1", "E33")] + [("E1", "43")]
+    done = [_row(lv, 42, 1.0) for lv in leaderboard.TABLES["50m"].levels] + [_row("E1", 43, 1.0)]
+    assert make_jobs.missing_jobs("50m", done) == ["# 50m table: every row has its runs"]
