@@ -216,7 +216,7 @@ chapters() {  # chapters [NAME ...]: those of the TOC whose file name contains a
   done
   return $ok
 }
-train_stage() { python3 -m elman sched "${TRAIN_JOBS:-scripts/train_h100.jobs}" --log-dir "$ELMAN_RUN_DIR/sched" ${SCHED_ARGS:-}; }
+train_stage() { python3 -m elman sched "${TRAIN_JOBS:-scripts/train_50m.jobs}" --log-dir "$ELMAN_RUN_DIR/sched" ${SCHED_ARGS:-}; }
 leaderboard() { chapters training_protocol leaderboard; }
 pack() {
   tar czf "$OUT/run.tgz" -C "$ROOT" "$(realpath --relative-to="$ROOT" "$ELMAN_RUN_DIR")" book/chapters
