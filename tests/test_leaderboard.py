@@ -104,6 +104,10 @@ def test_table_cells_flags_and_seed_figures(tmp_path):
     assert "| ⚠ persistent x2 |" in lines["E33_d1280x6"] and "| ? persistent x2 |" in lines["E37v2_d1280x6"]
     assert "| E34 | not run yet |" in table and "1.769 [" in lines["E34"]
     assert "[1] seed documents: E1 at d1280x6 for the 10-minute protocol, d1280x6. E1: range of runs" in table
+    layer = lambda path: {"kernel_paths": {"layers": [{"layer": "L", "backend": "cuda", "forward": path}]},  # noqa: E731
+                          "family": "matrix"}
+    assert lb.kernel_flag(layer({"matrix.gated_op": "schedule"})) == "⚠"
+    assert lb.kernel_flag(layer({"matrix.op": "warp"})) == "" and lb.kernel_flag(layer("pytorch")) == "?"
     closing = lb.markdown_table(b, lb.CLOSING)
     assert closing.splitlines()[0] == "| # | " + " | ".join(lb.CLOSING) + " |"
 

@@ -214,6 +214,7 @@ def test_layer_group_option_runs_that_layout(level):
         with torch.autocast("cuda", torch.bfloat16):
             o, S = layer(y)
         (o.float().square().sum() + S.float().sum()).backward()
+        assert op.last_path == dict.fromkeys(("forward", "backward"), "ring" if group else "warp")
         out[group] = (o, S, y.grad, *(p.grad for p in layer.parameters()))
     for a, b in zip(out[op.RING], out[0]):
         assert torch.equal(a, b)

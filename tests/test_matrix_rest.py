@@ -304,3 +304,21 @@ def test_per_head_inputs_of_a_wrong_shape_raise_clearly():
     kw = _plain(_inputs(e70.reference, n=8))
     with pytest.raises(ValueError, match=r"lam must be \[H\]"):
         e70.cell(**{**kw, "lam": kw["lam"][:1]}, backend="schedule")
+
+
+def test_ops_record_the_engine_they_ran():
+    """`last_path` of the gated and diagonal ops (what `elman train` records for each layer)."""
+    from elman.families.matrix import diagonal_op
+    T, B, H, n = 5, 2, 2, 8
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(T, B, H, n, generator=g, requires_grad=True) for _ in range(3))
+    c = torch.rand(T, B, H, n, generator=g)
+    gated_op.last_path.clear()
+    o, S = gated_op.recurrence(q, k, v, c, torch.zeros(B, H, n, n), "decay", "linear", engine="schedule")
+    assert gated_op.last_path == {"forward": "schedule"}
+    (o.sum() + S.sum()).backward()
+    assert gated_op.last_path == {"forward": "schedule", "backward": "schedule"}
+    diagonal_op.last_path.clear()
+    o, S = diagonal_op.recurrence(q, k, v, c, torch.zeros(B, H, n), "simple", engine="schedule")
+    (o.sum() + S.sum()).backward()
+    assert diagonal_op.last_path == {"forward": "schedule", "backward": "schedule"}

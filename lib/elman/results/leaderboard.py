@@ -26,7 +26,7 @@ from . import training
 CORPUS = "debian-mix-1200M.txt.xz"  # the jobs' data file; a record is matched by the file's name
 DATA = f".cache/data/{CORPUS}"
 SEED, SECOND_SEED = 42, 43
-SLOW_PATHS = ("reference", "graph", "steps")
+SLOW_PATHS = ("reference", "graph", "steps", "schedule")  # "schedule": a matrix op's PyTorch engine
 
 
 @dataclass(frozen=True)
@@ -195,8 +195,9 @@ def path_names(layer: dict) -> set[str]:
 
 
 def kernel_flag(row: dict) -> str:
-    """'⚠' where a layer ran the reference or per-step launches (graph, steps) instead of its
-    fast path, '?' where a variant's layers ran no family op that records its path, '' else."""
+    """'⚠' where a layer ran the reference, per-step launches (graph, steps) or a PyTorch
+    schedule instead of its fast path, '?' where a variant's layers ran no family op that
+    records its path, '' else."""
     layers = (row.get("kernel_paths") or {}).get("layers") or []
     names = set().union(*(path_names(layer) for layer in layers)) if layers else set()
     if names & set(SLOW_PATHS) or any(layer.get("backend") == "reference" for layer in layers):

@@ -23,6 +23,9 @@ from .reference import STEPS
 
 RULES = ("delta", "simple", "ema")
 ENGINES = ("cuda", "schedule")
+# The engine of this module's last forward and backward call (`elman train` records it for
+# every layer: training/paths.py).
+last_path: dict[str, str] = {}
 
 
 def coefficients(rule: str, c, v, k):
@@ -100,6 +103,7 @@ class _Diagonal(torch.autograd.Function):
             o, S_T, states = schedule_forward(q, k, v, c, h0, rule, step)
         ctx.save_for_backward(q, k, v, c, h0, states)
         ctx.rule, ctx.step, ctx.engine = rule, step, engine
+        last_path["forward"] = engine
         return o, S_T
 
     @staticmethod
@@ -114,6 +118,7 @@ class _Diagonal(torch.autograd.Function):
                                                  RULES.index(ctx.rule), STEPS.index(ctx.step))
         else:
             dq, dk, dv, dc, dh0 = schedule_backward(q, k, v, c, h0, states, d_o, d_ST, ctx.rule, ctx.step)
+        last_path["backward"] = ctx.engine
         return dq, dk, dv, dc, dh0, None, None, None
 
 

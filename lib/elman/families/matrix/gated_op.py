@@ -27,6 +27,9 @@ from .op import DTYPES, checkpoints
 SIZES = (8, 16, 32, 48, 64, 96, 128)  # n and v the gated kernels take (every pair)
 CHECKPOINT = 16
 ENGINES = ("cuda", "schedule")
+# The engine of this module's last forward and backward call (`elman train` records it for
+# every layer: training/paths.py).
+last_path: dict[str, str] = {}
 
 
 def supported(n: int, v: int) -> bool:
@@ -95,6 +98,7 @@ class _Gated(torch.autograd.Function):
             o, S_T, ckpt = gated.schedule_forward(q, k, v, c, h0, rule, step, m, e, f, K, x)
         ctx.save_for_backward(q, k, v, c, m, e, f, x, ckpt)
         ctx.rule, ctx.step, ctx.K, ctx.engine = rule, step, K, engine
+        last_path["forward"] = engine
         return o, S_T
 
     @staticmethod
@@ -107,6 +111,7 @@ class _Gated(torch.autograd.Function):
         else:
             grads = gated.schedule_backward(q, k, v, c, ckpt, d_o, d_ST, ctx.rule, ctx.step, m, e, f, ctx.K, x)
         dq, dk, dv, dc, dm, de, df, dh0, dx = grads
+        last_path["backward"] = ctx.engine
         return dq, dk, dv, dc, dm, de, df, dx, dh0, None, None, None, None
 
 

@@ -42,6 +42,9 @@ GROUPS = (0, 4)  # 0: the fastest layout that runs; 4: threads a value column (e
 WARP, TILED, RING, COLUMNS = 1, 2, 3, 4          # the explicit layouts (matrix.h)
 WARP_SIZES = (8, 16, 24, 32)                      # square n = v the warp kernels take
 TILED_MAX = 64
+# The layout ('warp', 'ring', 'tiled', 'G4') of this module's last forward and backward call
+# (`elman train` records it for every layer: training/paths.py).
+last_path: dict[str, str] = {}
 
 
 def groups(v: int) -> tuple[int, ...]:
@@ -149,6 +152,7 @@ class _Recurrence(torch.autograd.Function):
     def forward(ctx, q, k, v, decay, beta, h0, step, K, group):
         q, k, v = (validate.aligned(validate.contiguous(t)) for t in (q, k, v))
         o, S_T, ckpt = forward(q, k, v, decay, beta, h0, step, K, group)
+        last_path["forward"] = layout_name(k.shape[-1], v.shape[-1], group)
         ctx.save_for_backward(q, k, v, decay, beta, ckpt)
         ctx.step, ctx.K, ctx.group = step, K, group
         return o, S_T
@@ -160,6 +164,7 @@ class _Recurrence(torch.autograd.Function):
         d_ST = torch.zeros_like(ckpt[0]) if d_ST is None else d_ST.float().contiguous()
         dq, dk, dv, dd, db, dh0 = backward(q, k, v, decay, beta, ckpt, d_o, d_ST, ctx.step, ctx.K,
                                            ctx.group)
+        last_path["backward"] = layout_name(k.shape[-1], v.shape[-1], ctx.group)
         return dq, dk, dv, dd, db, dh0, None, None, None
 
 
