@@ -276,3 +276,18 @@ def test_same_windows_in_the_same_order_for_every_loader_with_the_same_seed():
     other = data.Batches(data.ByteData(data.MIX_SLICE), 4, 64, seed=43)
     first = next(iter(other))[1]
     assert not torch.equal(first, runs[0][0])
+
+
+def test_compress_writes_streams_that_read_back_as_one(tmp_path):
+    """A packed corpus is several xz streams (data.compress): lzma reads them back as the whole
+    text, and the bytes do not depend on the thread count."""
+    import lzma
+    src = tmp_path / "t.txt"
+    src.write_bytes(bytes(np.random.default_rng(0).integers(0, 40, 10_000, dtype=np.uint8)))
+    outs = []
+    for threads in (1, 3):
+        out = tmp_path / f"t{threads}.xz"
+        data.compress(src, out, block=1_000, threads=threads)
+        outs.append(out.read_bytes())
+        assert lzma.decompress(outs[-1]) == src.read_bytes()
+    assert outs[0] == outs[1] and outs[0].count(b"\xfd7zXZ\x00") == 10

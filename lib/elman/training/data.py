@@ -36,6 +36,8 @@ import os
 import shutil
 import subprocess
 import tarfile
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -56,6 +58,9 @@ DEFAULT_DATA = CORPORA[MIX_NAME]
 CACHE = ROOT / ".cache" / "data"
 TEST_SLICE = ROOT / "tests" / "data" / f"{CORPUS_NAME}-slice.txt"
 MIX_SLICE = ROOT / "tests" / "data" / f"{MIX_NAME}-slice.txt"
+XZ_BLOCK = 64 << 20  # bytes of text per xz stream of a packed corpus (preset 6 keeps an 8 MiB window)
+XZ_PRESET = 6
+XZ_THREADS = 8
 SHUFFLE_SEED = 1990
 VAL_FRACTION = 0.01
 _TRAIN = 0  # the generator domain of training windows
@@ -269,10 +274,7 @@ def pack(src: Path, out: Path, megabytes: float, part_mb: float | None = None) -
     out = Path(out)
     text = out.with_name(out.name.removesuffix(".xz"))
     manifest = subset(src, text, int(megabytes * 1e6))
-    with open(text, "rb") as f, lzma.open(out.with_name(out.name + ".tmp"), "wb", preset=6) as z:
-        for block in tqdm(iter(lambda: f.read(1 << 22), b""), total=-(-manifest["bytes"] // (1 << 22)),
-                          desc="xz", unit="x4MB"):
-            z.write(block)
+    compress(text, out.with_name(out.name + ".tmp"))
     os.replace(out.with_name(out.name + ".tmp"), out)
     text.unlink()
     manifest["xz_bytes"] = out.stat().st_size
@@ -282,6 +284,25 @@ def pack(src: Path, out: Path, megabytes: float, part_mb: float | None = None) -
         out.unlink()
     manifest_path(out).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
+
+
+def compress(src: Path, out: Path, block: int = XZ_BLOCK, threads: int | None = None) -> None:
+    """src as xz: independent streams of `block` bytes of src each, in order (a .xz file may
+    hold several; lzma.open and xz read them as one), compressed on up to XZ_THREADS threads
+    (liblzma runs without the GIL), about threads + 1 blocks in flight. The same bytes for the
+    same src, block and liblzma, whatever the thread count."""
+    threads = threads or min(XZ_THREADS, os.cpu_count() or 1)
+    pending: deque = deque()
+    with open(src, "rb") as f, open(out, "wb") as z, ThreadPoolExecutor(threads) as pool, \
+            tqdm(total=-(-src.stat().st_size // block), desc=f"xz ({threads} threads)", unit="block") as bar:
+        for data in iter(lambda: f.read(block), b""):
+            pending.append(pool.submit(lzma.compress, data, preset=XZ_PRESET))
+            while len(pending) > threads or (pending and pending[0].done()):
+                z.write(pending.popleft().result())
+                bar.update()
+        while pending:
+            z.write(pending.popleft().result())
+            bar.update()
 
 
 def split_parts(path: Path, part_bytes: int) -> list[str]:
