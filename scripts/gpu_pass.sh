@@ -6,9 +6,9 @@
 #
 #   scripts/gpu_pass.sh [STAGE ...]      stages, run in the order named: setup build dev warm test parity bitwise gdn
 #                                        diagonal headline widths lmprofile baselines bench sanitize
-#                                        chapters train leaderboard pack (default: all but dev,
-#                                        bitwise, diagonal, headline, widths, lmprofile, baselines,
-#                                        train and leaderboard)
+#                                        chapters preflight train leaderboard pack (default: all but
+#                                        dev, bitwise, diagonal, headline, widths, lmprofile,
+#                                        baselines, preflight, train and leaderboard)
 #   scripts/gpu_pass.sh setup build warm baselines pack     the baselines' run (issue 4) alone
 #
 # warm compiles, in parallel, the Triton kernels (mamba2, fla-gdn) of the stages that follow
@@ -18,7 +18,7 @@
 # (the commit the tree is at, when the host has no .git or an outdated one; run.json records
 # the sources' blob ids either way), ELMAN_RUN_DIR (default: a new
 # runs/<UTC>_<commit>_<gpu>/), RUN_NOTE (what the run is for, into run.json), QUICK=1 (small
-# benchmarks), TRAIN_JOBS (job file for train), SCHED_ARGS (extra `elman sched` flags, e.g. --stop-after 22), TEST_FILES (GPU test paths; default tests),
+# benchmarks), TRAIN_JOBS (job file for preflight and train), PREFLIGHT_MODES (default trainer-graph), SCHED_ARGS (extra `elman sched` flags, e.g. --stop-after 22), TEST_FILES (GPU test paths; default tests),
 # BENCH_ARGS (extra `elman bench` flags), WARM_ARGS (extra `elman warm` flags, e.g. -j 8), PROFILE_ARGS (lmprofile),
 # CHAPTERS (names: only those chapters), BUILD (extensions to build first), PARITY_FAMILIES or PARITY_LEVELS, DEV_CHECKS (the dev stage's programs, dev/*_gpu_check.*:
 # each runs with a DEV_LIMIT (default 420) s limit and logs into the run folder), STAGE_LIMIT / LIMIT_<stage>
@@ -216,6 +216,12 @@ chapters() {  # chapters [NAME ...]: those of the TOC whose file name contains a
   done
   return $ok
 }
+# Before a round of 10-minute runs: every job's model as elman train --graph builds and steps it,
+# on random bytes (kernel paths, capture, tokens/s; records 'lm_profile').
+preflight_stage() {
+  python3 -m elman.training.profile --jobs "${TRAIN_JOBS:-scripts/train_50m.jobs}" --setup after \
+    --mode ${PREFLIGHT_MODES:-trainer-graph} --steps 5 --brief --record
+}
 train_stage() { python3 -m elman sched "${TRAIN_JOBS:-scripts/train_50m.jobs}" --log-dir "$ELMAN_RUN_DIR/sched" ${SCHED_ARGS:-}; }
 leaderboard() { chapters training_protocol leaderboard; }
 pack() {
@@ -228,7 +234,8 @@ declare -A FN=([setup]=setup [build]=build [dev]=dev_stage [warm]=warm_stage [te
   [parity]=parity_stage [bitwise]=bitwise_stage [gdn]=gdn_stage [diagonal]=diagonal_stage
   [headline]=headline_stage [widths]=widths_stage [lmprofile]=lmprofile_stage
   [baselines]=baselines_stage [bench]=bench_stage
-  [sanitize]=sanitize [chapters]=chapters [train]=train_stage [leaderboard]=leaderboard [pack]=pack)
+  [sanitize]=sanitize [chapters]=chapters [preflight]=preflight_stage [train]=train_stage
+  [leaderboard]=leaderboard [pack]=pack)
 export -f "${FN[@]}" log has bench_times_baselines
 export LOG ROOT OUT STAGES BASELINES
 for s in $STAGES; do

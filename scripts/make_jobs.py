@@ -18,8 +18,10 @@ needs: every row with no run at seed 42 and E1 at seed 43 unless it ran, from th
 The 50M table: E1 at d1280 x 6 sets the count; every other row at depth 6 takes the width whose
 count is closest, except E42, which the seed study ran at d1536 x 6; batch 64. The 100M table:
 depth 20, expansion 2 for the recurrent layers (llama and mamba2 at 1, fla-gdn at 2 in both
-tables), batch 32, the width whose count is closest to 100M. Runs read the packed default
-corpus and resume from their checkpoint when the same file runs again (`--resume auto`).
+tables), batch 32, the width whose count is closest to 100M. Every run replays its forward,
+backward and clipping from a CUDA graph (`--graph`: the eager step's arithmetic without its
+launch gaps, so no row trains faster than another for want of it), reads the packed default
+corpus and resumes from its checkpoint when the same file runs again (`--resume auto`).
 """
 from __future__ import annotations
 
@@ -58,7 +60,7 @@ def jobs(table: str, levels: list[str] | None, seed: int, minutes: int) -> list[
         n = dims.count(level, dim, spec.depth, e)
         out.append(f"# {level}: {n:,} parameters")
         out.append(f"python3 -m elman train --level {level} --dim {dim} --depth {spec.depth} --expansion {e} "
-                   f"--batch {spec.batch} --seq {spec.seq} --lr {lr} --seed {seed} --minutes {minutes} "
+                   f"--batch {spec.batch} --seq {spec.seq} --lr {lr} --seed {seed} --minutes {minutes} --graph "
                    f"--data {leaderboard.DATA} --name {leaderboard.run_name(level, dim, spec.depth, seed)} "
                    f"--resume auto")
     return out

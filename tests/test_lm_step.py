@@ -1,6 +1,8 @@
 """The training-step memory probe (elman.training.memory) and its report lines."""
 from __future__ import annotations
 
+import argparse
+
 import pytest
 import torch
 
@@ -78,3 +80,21 @@ def test_profile_splits_a_small_model_step():
     m = rec["metrics"]
     assert m["phase_ms"]["step"] > 0 and m["kernel_ms_total"] > 0 and m["largest_kernels_ms"]
     assert set(m["kernel_ms_by_category"]) <= {name for name, _ in profile.CATEGORIES} | {"other"}
+    assert m["kernels"] == "dense.op:persistent x2" and len(m["kernel_paths"]["layers"]) == 2
+
+
+def test_profile_reads_the_configurations_of_a_job_file(tmp_path):
+    from elman.training import profile
+
+    jobs = tmp_path / "t.jobs"
+    jobs.write_text("# a comment\n"
+                    "python3 -m elman train --level E42 --dim 1536 --depth 6 --batch 64 --graph --name x\n"
+                    "python3 -m elman train --level E88d_h12 --dim 640 --expansion 2.0 --depth 20 --seq 256 "
+                    "--option use_gate=true --resume auto  # trailing comment\n")
+    assert profile.job_configs(jobs) == [("E42", 1536, 6, 1.0, 64, 512, {}),
+                                         ("E88d_h12", 640, 20, 2.0, 32, 256, {"use_gate": True})]
+    args = argparse.Namespace(jobs=[jobs, jobs], preset=None, option=[])
+    assert len(profile.configs(args)) == 4
+    (tmp_path / "empty.jobs").write_text("# nothing\n")
+    with pytest.raises(ValueError, match="no `python3 -m elman train` line"):
+        profile.job_configs(tmp_path / "empty.jobs")

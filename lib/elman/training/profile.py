@@ -33,17 +33,22 @@ measure, dim, depth, expansion, B, T, dtype, options, n_params, mode, setup, ste
 phase_ms (median per phase and `step`), tokens_per_s (over the timed run),
 tokens_per_s_median_step, kernel_ms_by_category, kernel_ms_total, idle_ms,
 spectral_forward_ms, largest_kernels_ms ([name, ms] pairs), host_ops ({phase: {ops, copies,
-copy_mb}}), peak_mem_mb.
+copy_mb}}), peak_mem_mb, kernel_paths and kernels (the path every layer's forward ran and
+each family's backward, `paths.PathProbe`, taken on the first pass: in graph mode, the capture).
 `python -m elman.training.profile --level E1 --dim 1280 --depth 6 --batch 64` prints the
 breakdown; `--preset issue20` runs issue 20's four configurations (E0, E1, E42 at d1280 x 6,
 B 64, T 512; E1 at d640, expansion 2, depth 20, B 32) in every setup and mode; `--norm elman
-fused` compares add + RMSNorm implementations (`lm.NORMS`; params: norm).
+fused` compares add + RMSNorm implementations (`lm.NORMS`; params: norm); `--jobs FILE` runs
+the configuration of every `elman train` line of a job file, the check before a round of
+10-minute runs (does every row capture in a graph, which kernels does it run, how fast).
 """
 from __future__ import annotations
 
 import argparse
 import re
+import shlex
 import sys
+from pathlib import Path
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -51,7 +56,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ..core import records
 from ..core.layer import RecurrentLayer
 from ..core.spectral import spectral_weights
-from . import lm, memory, train
+from . import lm, memory, paths, train
 from .optim import AdamWScheduleFree
 from .step import TrainStep, loss_of
 
@@ -199,8 +204,13 @@ def lm_profile_record(level: str, dim: int, depth: int, expansion: float = 1.0, 
     model, opt, data, cfg = memory.setup(level, dim, depth, expansion, batch, seq, options, norm)
     apply_setup(model, opt, setup)
     step = TrainStep(model, opt, cfg["grad_clip"], graph=_graph(mode))
-    for _ in range(2):
+    probe = paths.PathProbe(model)  # the first (eager) pass: in graph mode, before the capture
+    try:
         _run(step, data, mode)
+        kernel_paths = probe.result()
+    finally:
+        probe.close()
+    _run(step, data, mode)
     runs = [[] for _ in range(steps)]
     for marks in runs:
         _run(step, data, mode, marks)
@@ -233,7 +243,8 @@ def lm_profile_record(level: str, dim: int, depth: int, expansion: float = 1.0, 
                         "idle_ms": max(median["step"] - kernel_total, 0.0),
                         "spectral_forward_ms": spectral_forward_ms(model),
                         "largest_kernels_ms": largest, "host_ops": host_ops(step, data),
-                        "peak_mem_mb": peak})
+                        "peak_mem_mb": peak, "kernel_paths": kernel_paths,
+                        "kernels": paths.summary(kernel_paths)})
     del step, model, opt
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
@@ -247,6 +258,8 @@ def summary(rec: dict) -> str:
     lines = [f"{rec['variant']} d{p['dim']} x {p['depth']} e {p['expansion']}, B {p['B']}, T {p['T']}{mode}: "
              f"{m['phase_ms']['step']:.1f} ms a step, {m['tokens_per_s']:,.0f} tokens/s",
              "phases (ms): " + ", ".join(f"{k} {v:.2f}" for k, v in m["phase_ms"].items() if k != "step")]
+    if "kernels" in m:
+        lines.append(f"kernel paths: {m['kernels']}")
     if "idle_ms" in m:
         lines.append(f"GPU idle in a step {m['idle_ms']:.2f} ms; spectral norm forward "
                      f"{m['spectral_forward_ms']:.2f} ms a step")
@@ -266,7 +279,7 @@ def comparison(recs: list[dict]) -> str:
     times, idle time and the kernel time of each category."""
     cats = [name for name, _ in CATEGORIES] + ["other"]
     head = ["level", "d x L (e)", "B", "norm", "setup", "mode", "tokens/s", "step ms", "fwd", "bwd", "clip",
-            "opt", "idle", "SN fwd", "copies", "copy MB", *cats]
+            "opt", "idle", "SN fwd", "copies", "copy MB", *cats, "kernels"]
     rows = []
     for r in recs:
         m, p, ph = r["metrics"], r["params"], r["metrics"]["phase_ms"]
@@ -280,16 +293,39 @@ def comparison(recs: list[dict]) -> str:
                      f"{m.get('spectral_forward_ms', 0.0):.2f}",
                      f"{sum(c['copies'] for c in ops):.0f}" if ops else "-",
                      f"{sum(c['copy_mb'] for c in ops):.0f}" if ops else "-",
-                     *(f"{m['kernel_ms_by_category'].get(c, 0.0):.2f}" for c in cats)])
+                     *(f"{m['kernel_ms_by_category'].get(c, 0.0):.2f}" for c in cats), m.get("kernels", "-")])
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
     fmt = "  ".join(f"{{:{w}}}" for w in widths)
     return "\n".join([fmt.format(*head), *(fmt.format(*row) for row in rows)])
 
 
+def job_configs(path: Path) -> list[tuple]:
+    """(level, dim, depth, expansion, batch, seq, options) of every `elman train` line of a job
+    file (`elman sched`'s format), read with the trainer's own argument parser and defaults."""
+    parser = argparse.ArgumentParser(prog=f"{path} line", add_help=False)
+    train.add_arguments(parser)
+    out = []
+    for line in Path(path).read_text().splitlines():
+        words = shlex.split(line, comments=True)
+        if words[1:4] != ["-m", "elman", "train"]:
+            continue
+        a = {k: v for k, v in vars(parser.parse_args(words[4:])).items() if v is not None}
+        c = {**train.DEFAULTS, **a}
+        out.append((c["level"], c["dim"], c["depth"], c["expansion"], c["batch"], c["seq"],
+                    train.parse_options(c["option"] or [])))
+    if not out:
+        raise ValueError(f"{path} holds no `python3 -m elman train` line")
+    return out
+
+
 def configs(args: argparse.Namespace) -> list[tuple]:
+    """(level, dim, depth, expansion, batch, seq, options) of each configuration to run."""
+    options = train.parse_options(args.option)
+    if args.jobs:
+        return [c for path in args.jobs for c in job_configs(path)]
     if args.preset:
-        return list(PRESETS[args.preset])
-    return [(args.level, args.dim, args.depth, args.expansion, args.batch)]
+        return [(*c, args.seq, options) for c in PRESETS[args.preset]]
+    return [(args.level, args.dim, args.depth, args.expansion, args.batch, args.seq, options)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -301,6 +337,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--seq", type=int, default=512)
     p.add_argument("--preset", choices=sorted(PRESETS), help="run a preset's configurations instead")
+    p.add_argument("--jobs", nargs="+", type=Path, metavar="FILE",
+                   help="run the configuration of every `elman train` line of these job files instead "
+                        "(a check before a round of runs: paths, capture, tokens/s)")
     p.add_argument("--mode", nargs="+", choices=MODES, default=list(MODES),
                    help=f"step modes to run (default all: {' '.join(MODES)})")
     p.add_argument("--setup", nargs="+", choices=SETUPS, default=list(SETUPS),
@@ -312,13 +351,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--brief", action="store_true", help="print only the comparison table")
     p.add_argument("--record", action="store_true", help="also write the records into the run folder")
     args = p.parse_args(argv)
-    options = train.parse_options(args.option)
     recs, failed = [], []
     runs = [(c, norm, setup, mode) for c in configs(args) for norm in args.norm for setup in args.setup
             for mode in args.mode]
-    for (level, dim, depth, expansion, batch), norm, setup, mode in runs:
+    for (level, dim, depth, expansion, batch, seq, options), norm, setup, mode in runs:
         try:
-            rec = lm_profile_record(level, dim, depth, expansion, batch, args.seq, options,
+            rec = lm_profile_record(level, dim, depth, expansion, batch, seq, options,
                                     steps=args.steps, mode=mode, setup=setup, norm=norm)
         except Exception as exc:  # one configuration's failure (e.g. a capture) must not end the rest
             name = f"{level} d{dim} x {depth} e {expansion:g} B {batch}" + (f" {norm}" if norm != "auto" else "")
