@@ -404,3 +404,14 @@ def test_e88_marks_the_nol2_layer_case_and_the_core_conditioned():
         assert core and all(c.conditioned for c in core), level
     e14 = registry.get("E14").parity(Shape(1, 1, 32, 1, 32, 32), torch.bfloat16, "cpu", torch.Generator().manual_seed(0))
     assert not any(c.conditioned for c in e14)
+
+
+def test_the_recorded_layout_is_the_one_that_runs():
+    """`op.ran_layout` (what last_path records): the warp kernels where they fit and every input is
+    16-byte aligned, else the tiled ones (as warp.cu falls back); the other sizes' own layouts."""
+    t = torch.zeros(64, dtype=torch.float32)
+    assert op.ran_layout(32, 32, 0, (t, None)) == "warp"
+    assert op.ran_layout(32, 32, op.RING, (t,)) == "ring"
+    assert op.ran_layout(32, 32, 0, (t, t[2:])) == "tiled"  # 8 bytes off
+    assert op.ran_layout(16, 32, 0, (t,)) == "tiled" and op.ran_layout(96, 96, 0, (t,)) == "G4"
+    assert op.ran_layout(32, 32, op.COLUMNS, (t,)) == "G4"

@@ -79,6 +79,16 @@ def layout_name(n: int, v: int, group: int = 0) -> str:
     return "tiled" if tiled(n, v, group) else "G4"
 
 
+def ran_layout(n: int, v: int, group: int, tensors) -> str:
+    """The layout a call runs: `layout_name`, except that the warp kernels give way to the tiled
+    ones where a tensor they read is not 16-byte aligned (matrix_warp_runs in warp.cu; the
+    outputs, fresh allocations, always are)."""
+    name = layout_name(n, v, group)
+    if name in ("warp", "ring") and not all(t is None or validate.is_aligned(t) for t in tensors):
+        return "tiled"
+    return name
+
+
 def supported(n: int, v: int) -> bool:
     return n in SIZES and v in SIZES
 
@@ -152,7 +162,7 @@ class _Recurrence(torch.autograd.Function):
     def forward(ctx, q, k, v, decay, beta, h0, step, K, group):
         q, k, v = (validate.aligned(validate.contiguous(t)) for t in (q, k, v))
         o, S_T, ckpt = forward(q, k, v, decay, beta, h0, step, K, group)
-        last_path["forward"] = layout_name(k.shape[-1], v.shape[-1], group)
+        last_path["forward"] = ran_layout(k.shape[-1], v.shape[-1], group, (q, k, v, decay, beta, h0))
         ctx.save_for_backward(q, k, v, decay, beta, ckpt)
         ctx.step, ctx.K, ctx.group = step, K, group
         return o, S_T
@@ -164,7 +174,8 @@ class _Recurrence(torch.autograd.Function):
         d_ST = torch.zeros_like(ckpt[0]) if d_ST is None else d_ST.float().contiguous()
         dq, dk, dv, dd, db, dh0 = backward(q, k, v, decay, beta, ckpt, d_o, d_ST, ctx.step, ctx.K,
                                            ctx.group)
-        last_path["backward"] = layout_name(k.shape[-1], v.shape[-1], ctx.group)
+        last_path["backward"] = ran_layout(k.shape[-1], v.shape[-1], ctx.group,
+                                           (q, k, v, decay, beta, ckpt, d_o, d_ST))
         return dq, dk, dv, dd, db, dh0, None, None, None
 
 
