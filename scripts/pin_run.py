@@ -3,7 +3,7 @@
 it for the given chapters in book/runs.yml, and optionally re-execute those chapters on the CPU.
 
     python scripts/pin_run.py PASS/runs/<run> [...] --chapters leaderboard training_protocol
-    python scripts/pin_run.py PASS/runs/<run> --chapters leaderboard --execute
+    python scripts/pin_run.py PASS/runs/<run> --log PASS/out/gpu_pass.log --chapters leaderboard --execute
 
 A run folder is what `scripts/gpu_pass.sh` wrote on the GPU host (unpacked from the pass's
 archive): records.jsonl, run.json, logs, and for training `sched/` and `train/`. Only text
@@ -28,6 +28,7 @@ from elman.core import records
 ROOT = Path(__file__).resolve().parents[1]
 TEXT_SUFFIXES = {".jsonl", ".json", ".log", ".txt", ".md"}
 MAX_FILE_BYTES = 16 * 2**20
+LOG_NAME = "gpu_pass.log"
 
 
 class PinError(RuntimeError):
@@ -55,8 +56,9 @@ def pin_files(src: Path) -> list[Path]:
     return files
 
 
-def copy_run(src: Path, runs: Path) -> Path:
-    """runs/<src.name> with src's records (compressed) and logs."""
+def copy_run(src: Path, runs: Path, log: Path | None = None) -> Path:
+    """runs/<src.name> with src's records (compressed) and logs, and `log` (the pass's
+    gpu_pass.log, which the pass writes beside its run folders) as gpu_pass.log."""
     dst = runs / src.name
     if dst.exists():
         raise PinError(f"{dst} exists: a pinned run is not overwritten")
@@ -66,6 +68,9 @@ def copy_run(src: Path, runs: Path) -> Path:
     for rel in files:
         (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src / rel, tmp / rel)
+    if log is not None:
+        tmp.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(log, tmp / LOG_NAME)
     if (tmp / records.NAMES[0]).exists():
         records.compress(tmp)
     tmp.rename(dst)
@@ -98,8 +103,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+", type=Path, help="run folders a GPU pass wrote")
     ap.add_argument("--chapters", nargs="+", required=True, help="notebook stems that read them")
+    ap.add_argument("--log", type=Path, help="the pass's gpu_pass.log (out/gpu_pass.log in its archive), "
+                                             "copied into every run pinned")
     ap.add_argument("--execute", action="store_true", help="re-execute the chapters on the CPU (quick)")
     args = ap.parse_args(argv)
+    if args.log is not None and not args.log.is_file():
+        ap.error(f"--log {args.log}: no such file")
     stems = {p.stem for p in (ROOT / "book" / "chapters").glob("*.ipynb")}
     unknown = [c for c in args.chapters if c not in stems]
     if unknown:
@@ -107,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for src in args.runs:
             pin_files(src)  # every folder checked before any is copied
-        names = [copy_run(src, records.RUNS).name for src in args.runs]
+        names = [copy_run(src, records.RUNS, args.log).name for src in args.runs]
     except PinError as e:
         print(f"pin_run: {e}", file=sys.stderr)
         return 1

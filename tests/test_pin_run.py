@@ -51,8 +51,10 @@ def test_copy_run_keeps_compressed_records_and_logs(tmp_path):
     src.parent.mkdir(exist_ok=True)
     runs = tmp_path / "runs"
     runs.mkdir()
-    dst = pin_run.copy_run(src, runs)
-    assert dst == runs / src.name
+    log = tmp_path / "out.log"
+    log.write_text("[gpu_pass] whole pass\n")
+    dst = pin_run.copy_run(src, runs, log)
+    assert dst == runs / src.name and (dst / "gpu_pass.log").read_text() == log.read_text()
     assert (dst / "records.jsonl.xz").is_file() and not (dst / "records.jsonl").exists()
     assert [r["variant"] for r in records.read([dst])] == ["E1"]
     assert (dst / "train" / "E1_d1280x6" / "log.jsonl").is_file() and (dst / "sched" / "summary.json").is_file()
