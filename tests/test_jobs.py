@@ -64,3 +64,9 @@ def test_missing_jobs_are_the_rows_and_second_seed_not_run_yet():
     assert runs == [(lv, "42") for lv in leaderboard.TABLES["50m"].levels if lv not in ("E1", "E33")] + [("E1", "43")]
     done = [_row(lv, 42, 1.0) for lv in leaderboard.TABLES["50m"].levels] + [_row("E1", 43, 1.0)]
     assert make_jobs.missing_jobs("50m", done) == ["# 50m table: every row has its runs"]
+
+
+def test_issue20_record_is_the_50m_tables_e1_row():
+    line = [l for l in (ROOT / "scripts" / "train_issue20.jobs").read_text().splitlines() if l.startswith("python3")]
+    e1 = [l for l in make_jobs.jobs("50m", ["E1"], 42, 10) if l.startswith("python3")]
+    assert line == e1 and "--graph" in e1[0]
