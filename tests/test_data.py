@@ -291,3 +291,13 @@ def test_compress_writes_streams_that_read_back_as_one(tmp_path):
         outs.append(out.read_bytes())
         assert lzma.decompress(outs[-1]) == src.read_bytes()
     assert outs[0] == outs[1] and outs[0].count(b"\xfd7zXZ\x00") == 10
+    sizes = data.compress(src, tmp_path / "t.xz", block=1_000, threads=2)
+    assert len(sizes) == 10 and sum(sizes) == len(outs[0])
+    for streams in (sizes, None, sizes[:-1]):  # in parallel; in one pass; sizes that do not add up
+        data.decompress(tmp_path / "t.xz", tmp_path / "back.txt", streams, threads=3)
+        assert (tmp_path / "back.txt").read_bytes() == src.read_bytes()
+    broken = bytearray(outs[0])
+    broken[sizes[0] + 40] ^= 0xFF  # inside the second stream
+    (tmp_path / "bad.xz").write_bytes(bytes(broken))
+    with pytest.raises(lzma.LZMAError):
+        data.decompress(tmp_path / "bad.xz", tmp_path / "back.txt", sizes)

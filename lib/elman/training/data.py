@@ -274,7 +274,7 @@ def pack(src: Path, out: Path, megabytes: float, part_mb: float | None = None) -
     out = Path(out)
     text = out.with_name(out.name.removesuffix(".xz"))
     manifest = subset(src, text, int(megabytes * 1e6))
-    compress(text, out.with_name(out.name + ".tmp"))
+    manifest["xz_streams"] = compress(text, out.with_name(out.name + ".tmp"))
     os.replace(out.with_name(out.name + ".tmp"), out)
     text.unlink()
     manifest["xz_bytes"] = out.stat().st_size
@@ -286,23 +286,58 @@ def pack(src: Path, out: Path, megabytes: float, part_mb: float | None = None) -
     return manifest
 
 
-def compress(src: Path, out: Path, block: int = XZ_BLOCK, threads: int | None = None) -> None:
-    """src as xz: independent streams of `block` bytes of src each, in order (a .xz file may
-    hold several; lzma.open and xz read them as one), compressed on up to XZ_THREADS threads
-    (liblzma runs without the GIL), about threads + 1 blocks in flight. The same bytes for the
-    same src, block and liblzma, whatever the thread count."""
-    threads = threads or min(XZ_THREADS, os.cpu_count() or 1)
+def _in_order(jobs: Iterator[bytes], fn: Callable[[bytes], bytes], threads: int, desc: str,
+              total: int) -> Iterator[bytes]:
+    """fn(job) for every job, in order, computed on `threads` threads with about threads + 1
+    jobs in flight (liblzma runs without the GIL)."""
     pending: deque = deque()
-    with open(src, "rb") as f, open(out, "wb") as z, ThreadPoolExecutor(threads) as pool, \
-            tqdm(total=-(-src.stat().st_size // block), desc=f"xz ({threads} threads)", unit="block") as bar:
-        for data in iter(lambda: f.read(block), b""):
-            pending.append(pool.submit(lzma.compress, data, preset=XZ_PRESET))
+    with ThreadPoolExecutor(threads) as pool, tqdm(total=total, desc=f"{desc} ({threads} threads)",
+                                                   unit="block") as bar:
+        for job in jobs:
+            pending.append(pool.submit(fn, job))
             while len(pending) > threads or (pending and pending[0].done()):
-                z.write(pending.popleft().result())
+                yield pending.popleft().result()
                 bar.update()
         while pending:
-            z.write(pending.popleft().result())
+            yield pending.popleft().result()
             bar.update()
+
+
+def _threads(threads: int | None) -> int:
+    return threads or min(XZ_THREADS, os.cpu_count() or 1)
+
+
+def compress(src: Path, out: Path, block: int = XZ_BLOCK, threads: int | None = None) -> list[int]:
+    """src as xz: independent streams of `block` bytes of src each, in order (a .xz file may
+    hold several; lzma.open and xz read them as one), compressed on up to XZ_THREADS threads.
+    Returns the streams' compressed sizes (`decompress` reads them in parallel). The same bytes
+    for the same src, block and liblzma, whatever the thread count."""
+    sizes = []
+    with open(src, "rb") as f, open(out, "wb") as z:
+        for data in _in_order(iter(lambda: f.read(block), b""), lambda b: lzma.compress(b, preset=XZ_PRESET),
+                              _threads(threads), "xz", -(-src.stat().st_size // block)):
+            z.write(data)
+            sizes.append(len(data))
+    return sizes
+
+
+def decompress(xz: Path, out: Path, streams: list[int] | None = None, threads: int | None = None) -> None:
+    """Decompress xz into out: with `streams` (the compressed sizes `compress` returned), the
+    streams on up to XZ_THREADS threads, else in one pass. LZMAError or EOFError where the
+    file is corrupt or truncated."""
+    if not streams or xz.stat().st_size != sum(streams):
+        with lzma.open(xz, "rb") as z, open(out, "wb") as f:
+            shutil.copyfileobj(z, f, 1 << 22)
+        return
+
+    def chunks() -> Iterator[bytes]:
+        with open(xz, "rb") as f:
+            for n in streams:
+                yield f.read(n)
+
+    with open(out, "wb") as f:
+        for data in _in_order(chunks(), lzma.decompress, _threads(threads), "unxz", len(streams)):
+            f.write(data)
 
 
 def split_parts(path: Path, part_bytes: int) -> list[str]:
@@ -365,8 +400,7 @@ def unpack(xz: Path, out_dir: Path | None = None) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")  # jobs may unpack the same file at once
     try:
-        with lzma.open(xz, "rb") as z, open(tmp, "wb") as f:
-            shutil.copyfileobj(z, f, 1 << 22)
+        decompress(xz, tmp, manifest.get("xz_streams"))
     except (lzma.LZMAError, EOFError) as exc:
         tmp.unlink(missing_ok=True)
         raise DataError(f"{xz} is corrupt or truncated ({exc})") from exc
