@@ -18,7 +18,7 @@
 # (the commit the tree is at, when the host has no .git or an outdated one; run.json records
 # the sources' blob ids either way), ELMAN_RUN_DIR (default: a new
 # runs/<UTC>_<commit>_<gpu>/), RUN_NOTE (what the run is for, into run.json), QUICK=1 (small
-# benchmarks), TRAIN_JOBS (job file for preflight and train), PREFLIGHT_MODES (default trainer-graph), SCHED_ARGS (extra `elman sched` flags, e.g. --stop-after 22), TEST_FILES (GPU test paths; default tests),
+# benchmarks), TRAIN_JOBS (job file for preflight and train), PREFLIGHT_JOBS, PREFLIGHT_MODES (default trainer-graph), SCHED_ARGS (extra `elman sched` flags, e.g. --stop-after 22), TEST_FILES (GPU test paths; default tests),
 # BENCH_ARGS (extra `elman bench` flags), WARM_ARGS (extra `elman warm` flags, e.g. -j 8), PROFILE_ARGS (lmprofile),
 # CHAPTERS (names: only those chapters), BUILD (extensions to build first), PARITY_FAMILIES or PARITY_LEVELS, DEV_CHECKS (the dev stage's programs, dev/*_gpu_check.*:
 # each runs with a DEV_LIMIT (default 420) s limit and logs into the run folder), STAGE_LIMIT / LIMIT_<stage>
@@ -217,10 +217,11 @@ chapters() {  # chapters [NAME ...]: those of the TOC whose file name contains a
   return $ok
 }
 # Before a round of 10-minute runs: every job's model as elman train --graph builds and steps it,
-# on random bytes (kernel paths, capture, tokens/s; records 'lm_profile').
+# on random bytes (kernel paths, capture, tokens/s; records 'lm_profile'). PREFLIGHT_JOBS: job
+# files (default TRAIN_JOBS), e.g. both tables' at once.
 preflight_stage() {
-  python3 -m elman.training.profile --jobs "${TRAIN_JOBS:-scripts/train_50m.jobs}" --setup after \
-    --mode ${PREFLIGHT_MODES:-trainer-graph} --steps 5 --brief --record
+  python3 -m elman.training.profile --jobs ${PREFLIGHT_JOBS:-${TRAIN_JOBS:-scripts/train_50m.jobs}} \
+    --setup after --mode ${PREFLIGHT_MODES:-trainer-graph} --steps 5 --brief --record
 }
 train_stage() { python3 -m elman sched "${TRAIN_JOBS:-scripts/train_50m.jobs}" --log-dir "$ELMAN_RUN_DIR/sched" ${SCHED_ARGS:-}; }
 leaderboard() { chapters training_protocol leaderboard; }
