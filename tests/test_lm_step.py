@@ -88,9 +88,9 @@ def test_profile_reads_the_configurations_of_a_job_file(tmp_path):
 
     jobs = tmp_path / "t.jobs"
     jobs.write_text("# a comment\n"
-                    "python3 -m elman train --level E42 --dim 1536 --depth 6 --batch 64 --graph --name x\n"
+                    "python3 -m elman train --level E42 --dim 1536 --depth 6 --batch 64 --minutes 10 --graph --name x\n"
                     "python3 -m elman train --level E88d_h12 --dim 640 --expansion 2.0 --depth 20 --seq 256 "
-                    "--option use_gate=true --resume auto  # trailing comment\n")
+                    "--option use_gate=true --minutes 10 --resume auto  # trailing comment\n")
     assert profile.job_configs(jobs) == [("E42", 1536, 6, 1.0, 64, 512, {}),
                                          ("E88d_h12", 640, 20, 2.0, 32, 256, {"use_gate": True})]
     args = argparse.Namespace(jobs=[jobs, jobs], preset=None, option=[])

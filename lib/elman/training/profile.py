@@ -56,7 +56,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ..core import records
 from ..core.layer import RecurrentLayer
 from ..core.spectral import spectral_weights
-from . import lm, memory, paths, train
+from . import lm, memory, paths, sched, train
 from .optim import AdamWScheduleFree
 from .step import TrainStep, loss_of
 
@@ -300,19 +300,21 @@ def comparison(recs: list[dict]) -> str:
 
 
 def job_configs(path: Path) -> list[tuple]:
-    """(level, dim, depth, expansion, batch, seq, options) of every `elman train` line of a job
-    file (`elman sched`'s format), read with the trainer's own argument parser and defaults."""
+    """(level, dim, depth, expansion, batch, seq, options) of every `elman train` job of a job
+    file (read as `elman sched` reads it), each configured as the trainer configures it
+    (`train.config`; the checkpoint a resume would read is not looked for)."""
     parser = argparse.ArgumentParser(prog=f"{path} line", add_help=False)
     train.add_arguments(parser)
     out = []
-    for line in Path(path).read_text().splitlines():
-        words = shlex.split(line, comments=True)
+    for job in sched.read_jobs(path, Path(path).parent):
+        words = shlex.split(job.command, comments=True)
         if words[1:4] != ["-m", "elman", "train"]:
             continue
-        a = {k: v for k, v in vars(parser.parse_args(words[4:])).items() if v is not None}
-        c = {**train.DEFAULTS, **a}
+        args = parser.parse_args(words[4:])
+        args.resume = None
+        c = train.config(args)
         out.append((c["level"], c["dim"], c["depth"], c["expansion"], c["batch"], c["seq"],
-                    train.parse_options(c["option"] or [])))
+                    train.parse_options(c["option"])))
     if not out:
         raise ValueError(f"{path} holds no `python3 -m elman train` line")
     return out
