@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 from elman.core import records
+from elman.results import pins
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT_SUFFIXES = {".jsonl", ".json", ".log", ".txt", ".md"}
@@ -120,11 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     except PinError as e:
         print(f"pin_run: {e}", file=sys.stderr)
         return 1
-    pins_file = ROOT / "book" / "runs.yml"
-    text = pins_file.read_text()
+    text = pins.PINS.read_text()
     for chapter in args.chapters:
         text = add_pins(text, chapter, names)
-    pins_file.write_text(text)
+    pins.PINS.write_text(text)
     print(f"pinned {', '.join(names)} for {', '.join(args.chapters)}")
     if args.execute:
         execute(args.chapters, ROOT)
