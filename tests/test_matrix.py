@@ -9,6 +9,7 @@ import torch
 
 from elman import registry
 
+from elman.core import validate
 from elman.core.entry import Shape
 from elman.families.matrix import inputs, op, reference as ref, schedule
 from elman.variants import e75, e88
@@ -407,11 +408,16 @@ def test_e88_marks_the_nol2_layer_case_and_the_core_conditioned():
 
 
 def test_the_recorded_layout_is_the_one_that_runs():
-    """`op.ran_layout` (what last_path records): the warp kernels where they fit and every input is
-    16-byte aligned, else the tiled ones (as warp.cu falls back); the other sizes' own layouts."""
+    """What last_path records (`op.layout_name`) is the layout that runs: the warp kernels where
+    they fit, since the op hands every float32 input to the kernels 16-byte aligned (`f32_input`;
+    q, k, v: validate.aligned), where an unaligned one would make them give way to the tiled
+    ones; the other sizes' own layouts."""
     t = torch.zeros(64, dtype=torch.float32)
-    assert op.ran_layout(32, 32, 0, (t, None)) == "warp"
-    assert op.ran_layout(32, 32, op.RING, (t,)) == "ring"
-    assert op.ran_layout(32, 32, 0, (t, t[2:])) == "tiled"  # 8 bytes off
-    assert op.ran_layout(16, 32, 0, (t,)) == "tiled" and op.ran_layout(96, 96, 0, (t,)) == "G4"
-    assert op.ran_layout(32, 32, op.COLUMNS, (t,)) == "G4"
+    assert op.layout_name(32, 32, 0) == "warp" and op.f32_input(t) is t and op.f32_input(None) is None
+    assert op.layout_name(32, 32, op.RING) == "ring"
+    off = t[2:]  # 8 bytes off
+    fixed = op.f32_input(off)
+    assert not validate.is_aligned(off) and validate.is_aligned(fixed) and torch.equal(fixed, off)
+    assert validate.is_aligned(op.f32_input(torch.zeros(66, dtype=torch.bfloat16)[1:]))
+    assert op.layout_name(16, 32, 0) == "tiled" and op.layout_name(96, 96, 0) == "G4"
+    assert op.layout_name(32, 32, op.COLUMNS) == "G4"

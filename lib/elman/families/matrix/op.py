@@ -79,14 +79,11 @@ def layout_name(n: int, v: int, group: int = 0) -> str:
     return "tiled" if tiled(n, v, group) else "G4"
 
 
-def ran_layout(n: int, v: int, group: int, tensors) -> str:
-    """The layout a call runs: `layout_name`, except that the warp kernels give way to the tiled
-    ones where a tensor they read is not 16-byte aligned (matrix_warp_runs in warp.cu; the
-    outputs, fresh allocations, always are)."""
-    name = layout_name(n, v, group)
-    if name in ("warp", "ring") and not all(t is None or validate.is_aligned(t) for t in tensors):
-        return "tiled"
-    return name
+def f32_input(t: torch.Tensor | None) -> torch.Tensor | None:
+    """A float32 input as the kernels take it: contiguous and 16-byte aligned (a copy where it
+    is not), so that the warp kernels never give way to the tiled ones (matrix_warp_runs in
+    warp.cu) and `layout_name` is the layout that runs."""
+    return None if t is None else validate.aligned(t.float().contiguous())
 
 
 def supported(n: int, v: int) -> bool:
@@ -162,7 +159,7 @@ class _Recurrence(torch.autograd.Function):
     def forward(ctx, q, k, v, decay, beta, h0, step, K, group):
         q, k, v = (validate.aligned(validate.contiguous(t)) for t in (q, k, v))
         o, S_T, ckpt = forward(q, k, v, decay, beta, h0, step, K, group)
-        last_path["forward"] = ran_layout(k.shape[-1], v.shape[-1], group, (q, k, v, decay, beta, h0))
+        last_path["forward"] = layout_name(k.shape[-1], v.shape[-1], group)
         ctx.save_for_backward(q, k, v, decay, beta, ckpt)
         ctx.step, ctx.K, ctx.group = step, K, group
         return o, S_T
@@ -170,12 +167,11 @@ class _Recurrence(torch.autograd.Function):
     @staticmethod
     def backward(ctx, d_o, d_ST):
         q, k, v, decay, beta, ckpt = ctx.saved_tensors
-        d_o = torch.zeros_like(v) if d_o is None else d_o.to(v.dtype).contiguous()
-        d_ST = torch.zeros_like(ckpt[0]) if d_ST is None else d_ST.float().contiguous()
+        d_o = torch.zeros_like(v) if d_o is None else validate.aligned(d_o.to(v.dtype).contiguous())
+        d_ST = torch.zeros_like(ckpt[0]) if d_ST is None else f32_input(d_ST)
         dq, dk, dv, dd, db, dh0 = backward(q, k, v, decay, beta, ckpt, d_o, d_ST, ctx.step, ctx.K,
                                            ctx.group)
-        last_path["backward"] = ran_layout(k.shape[-1], v.shape[-1], ctx.group,
-                                           (q, k, v, decay, beta, ckpt, d_o, d_ST))
+        last_path["backward"] = layout_name(k.shape[-1], v.shape[-1], ctx.group)
         return dq, dk, dv, dd, db, dh0, None, None, None
 
 
@@ -184,5 +180,4 @@ def recurrence(q, k, v, decay, beta, h0, step: str = "tanh", K: int = CHECKPOINT
     beta and h0 are computed with in float32 (cast here, differentiably). `group` picks the
     thread layout (`layouts(n, v)`; 0 = the default)."""
     validate_call(q, k, v, decay, beta, h0, step, K, group)
-    f32 = lambda t: None if t is None else t.float().contiguous()  # noqa: E731
-    return _Recurrence.apply(q, k, v, f32(decay), f32(beta), f32(h0), step, K, group)
+    return _Recurrence.apply(q, k, v, f32_input(decay), f32_input(beta), f32_input(h0), step, K, group)
