@@ -323,8 +323,12 @@ def job_configs(path: Path) -> list[tuple]:
 def configs(args: argparse.Namespace) -> list[tuple]:
     """(level, dim, depth, expansion, batch, seq, options) of each configuration to run."""
     options = train.parse_options(args.option)
-    if args.jobs:
-        return [c for path in args.jobs for c in job_configs(path)]
+    if args.jobs:  # each model once: jobs that differ only in seed step the same model
+        out = []
+        for c in (c for path in args.jobs for c in job_configs(path)):
+            if c not in out:
+                out.append(c)
+        return out
     if args.preset:
         return [(*c, args.seq, options) for c in PRESETS[args.preset]]
     return [(args.level, args.dim, args.depth, args.expansion, args.batch, args.seq, options)]
