@@ -223,7 +223,7 @@ def test_bf16_training_on_gpu_through_the_cli(tmp_path):
               "--data", str(TEST_SLICE), "--runs-dir", str(runs), "--checkpoint-dir", str(tmp_path / "c"))
     assert r.returncode == 0, r.stderr[-3000:]
     rec = json.loads((runs / "records.jsonl").read_text())
-    assert rec["params"]["precision"] == "bf16" and rec["params"]["norm"] == "fused"
+    assert rec["params"]["precision"] == "bf16" and rec["params"]["norm"] == "elman"  # the default on CUDA
     assert rec["env"]["gpu"] and rec["metrics"]["peak_memory_mb"] > 0
     assert rec["metrics"]["last100"] < 5.0
     layers = rec["metrics"]["kernel_paths"]["layers"]
