@@ -89,6 +89,38 @@ def test_the_later_run_of_a_model_and_seed_counts(tmp_path):
     assert len(b.ranked) == 1 and b.ranked[0]["val_bits"] == 1.7 and b.noise is None
 
 
+def test_a_row_takes_the_tables_spelling_of_its_level(tmp_path):
+    rec = _record("E37v2", 2.1)
+    rec["variant"] = "E37"  # the registry's name: a run of --level E37v2 records it
+    (b, _), _ = _boards(tmp_path, [rec])
+    assert [r["level"] for r in b.ranked] == ["E37v2"] and "E37v2" not in b.missing
+    assert "1.576 [" in lb.markdown_table(b)  # the seed study's E37v2 figure
+    assert lb.table_level(lb.TABLES["50m"], "E37") == "E37v2" and lb.table_level(lb.TABLES["50m"], "E2") == "E2"
+
+
+def _profile(level, dim, tps, run, depth=6, batch=64, mode="trainer-graph", forward=None):
+    layers = [{"layer": level, "backend": "cuda", "forward": forward or {"dense.op": "persistent"}}] * 2
+    r = records.make("bench", level, "cuda",
+                     {"measure": "lm_profile", "mode": mode, "setup": "after", "dim": dim, "depth": depth,
+                      "expansion": 1.0, "B": batch, "T": 512, "n_params": 49_500_000},
+                     {"tokens_per_s": tps, "phase_ms": {"step": 36.9}, "peak_mem_mb": 4096.0,
+                      "kernel_paths": {"layers": layers}, "kernels": "dense.op:persistent x2"})
+    return {**r, "run": run}
+
+
+def test_preflight_table_lists_each_model_once_beside_its_run(tmp_path):
+    (b, b100), _ = _boards(tmp_path, [_record("E1", 1.9, tps=884_000.0)])
+    profiles = [_profile("E1", 1280, 800_000.0, "a"), _profile("E1", 1280, 885_000.0, "b"),
+                _profile("E37", 1664, 631_000.0, "a", forward={"dense.op": "graph"}),
+                _profile("E0", 1280, 900_000.0, "a", mode="trainer"),  # not the step the run takes
+                _profile("E1", 640, 270_000.0, "a", depth=20, batch=32)]
+    rows = lb.preflight_table(b, profiles).splitlines()[2:]
+    assert rows == ["| E1 d1280 x 6 | 49.5M | 885,000 | 884,000 | 36.9 | 4.0 | dense.op:persistent x2 |",
+                    "| E37v2 d1664 x 6 | 49.5M | 631,000 | not run yet | 36.9 | 4.0 | ⚠ dense.op:persistent x2 |"]
+    assert "| E1 d640 x 20 |" in lb.preflight_table(b100, profiles)
+    assert lb.preflight_table(b, profiles[3:4]) is None
+
+
 def test_table_cells_flags_and_seed_figures(tmp_path):
     reference = {"layers": [{"layer": "L", "backend": "reference", "forward": "reference"}], "backward": {}}
     unrecorded = {"layers": [{"layer": "L", "backend": "cuda", "forward": "pytorch"}], "backward": {}}

@@ -10,6 +10,9 @@ width, depth, expansion and option set; its row is the run at the protocol's see
 at another seed measures the seed-to-seed noise. Where two pinned runs hold the same model and
 seed, the later run folder counts.
 
+A row's level is the table's spelling of it (E37v2, not the registry's E37), so that the
+table's level list, its seed figures and its job files name it alike.
+
 The headline is the validation loss in bits/byte with its standard error; rows are ranked by
 it. Gaps between models are judged against the evaluation noise (twice the standard error of
 the difference, sqrt(se_a^2 + se_b^2), which ignores that every model sees the same windows)
@@ -21,6 +24,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import registry
 from . import training
 
 CORPUS = "debian-mix-1200M.txt.xz"  # the jobs' data file; a record is matched by the file's name
@@ -65,6 +69,20 @@ def mismatch(table: Table, row: dict) -> str | None:
     return None
 
 
+def _entry_name(level: str) -> str:
+    try:
+        return registry.get(level).name
+    except KeyError:
+        return level
+
+
+def table_level(table: Table, level: str) -> str:
+    """The table's spelling of `level`: the table's level that names the same registry entry
+    (E37v2 for a record of E37, whose alias it is), else `level`."""
+    name = _entry_name(level)
+    return next((lv for lv in table.levels if _entry_name(lv) == name), level)
+
+
 def membership(rows: list[dict]) -> tuple[dict[str, list[dict]], list[tuple[dict, str]]]:
     """The rows of each table, and the rows of neither with the reason (their mismatch with the
     table of their depth, or the depth)."""
@@ -74,7 +92,7 @@ def membership(rows: list[dict]) -> tuple[dict[str, list[dict]], list[tuple[dict
         misses = {key: mismatch(t, row) for key, t in TABLES.items()}
         hit = [key for key, why in misses.items() if why is None]
         if hit:
-            tables[hit[0]].append(row)
+            tables[hit[0]].append({**row, "level": table_level(TABLES[hit[0]], row["level"])})
             continue
         same_depth = [misses[k] for k, t in TABLES.items() if t.depth == row["depth"]]
         depths = " or ".join(str(t.depth) for t in TABLES.values())
@@ -258,6 +276,45 @@ def markdown_table(b: Board, columns: tuple[str, ...] = FULL) -> str:
                 cells.append(CELLS[c](row))
         lines.append(f"| {i if row else ''} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + ("\n\n" + notes.markdown() if notes.notes else "")
+
+
+# ---- preflight ------------------------------------------------------------------------------
+
+def preflight_table(b: Board, profiles: list[dict]) -> str | None:
+    """Markdown: the preflight of the table's models (`lm_profile` records of its protocol's
+    batch, depth and T in the step `elman train --graph` takes: a few steps of the model its job
+    builds, on random bytes; gpu_pass.sh's preflight stage), each with its parameters, tokens/s,
+    step time, peak memory and kernel paths, and the 10-minute run's tokens/s where the model has
+    one; None without such a record. The later run folder counts for a model profiled twice."""
+    t = b.table
+    latest = {}
+    for r in sorted(profiles, key=lambda r: r.get("run", "")):
+        p = r["params"]
+        if (p.get("measure"), p.get("mode"), p.get("setup"), p["depth"], p["B"], p["T"]) == \
+                ("lm_profile", "trainer-graph", "after", t.depth, t.batch, t.seq):
+            latest[(table_level(t, r["variant"]), p["dim"], p["expansion"])] = r
+    if not latest:
+        return None
+    runs = {(r["level"], r["dim"], r.get("expansion")): r for r in b.ranked}
+    order = {lv: i for i, lv in enumerate(t.levels)}
+    lines = ["| model | params | tokens/s | 10-minute run's tokens/s | step ms | peak GiB | kernel paths |",
+             "|---|---|---|---|---|---|---|"]
+    for (level, dim, e), r in sorted(latest.items(), key=lambda kv: (order.get(kv[0][0], len(order)), kv[0])):
+        m, run = r["metrics"], runs.get((level, dim, e))
+        flag = kernel_flag({"kernel_paths": m.get("kernel_paths"), "family": _family(level)})
+        lines.append(f"| {level} d{dim} x {t.depth}" + (f" (e {e:g})" if e != 1 else "")
+                     + f" | {_params(r['params'].get('n_params'))} | {m['tokens_per_s']:,.0f} | "
+                     + (f"{run['tokens_per_s']:,.0f}" if run else "not run yet")
+                     + f" | {m['phase_ms']['step']:.1f} | {m['peak_mem_mb'] / 1024:.1f} | "
+                     + " ".join(x for x in (flag, m.get("kernels") or "-") if x) + " |")
+    return "\n".join(lines)
+
+
+def _family(level: str) -> str | None:
+    try:
+        return registry.get(level).family
+    except KeyError:
+        return None
 
 
 # ---- seeds and gaps -------------------------------------------------------------------------
