@@ -6,9 +6,9 @@
 #
 #   scripts/gpu_pass.sh [STAGE ...]      stages, run in the order named: setup build dev warm test parity bitwise gdn
 #                                        diagonal headline widths lmprofile baselines bench sanitize
-#                                        chapters preflight train leaderboard pack (default: all but
-#                                        dev, bitwise, diagonal, headline, widths, lmprofile,
-#                                        baselines, preflight, train and leaderboard)
+#                                        chapters preflight corpus train leaderboard pack (default:
+#                                        all but dev, bitwise, diagonal, headline, widths, lmprofile,
+#                                        baselines, preflight, corpus, train and leaderboard)
 #   scripts/gpu_pass.sh setup build warm baselines pack     the baselines' run (issue 4) alone
 #
 # warm compiles, in parallel, the Triton kernels (mamba2, fla-gdn) of the stages that follow
@@ -18,7 +18,7 @@
 # (the commit the tree is at, when the host has no .git or an outdated one; run.json records
 # the sources' blob ids either way), ELMAN_RUN_DIR (default: a new
 # runs/<UTC>_<commit>_<gpu>/), RUN_NOTE (what the run is for, into run.json), QUICK=1 (small
-# benchmarks), TRAIN_JOBS (job file for preflight and train), PREFLIGHT_JOBS, PREFLIGHT_MODES (default trainer-graph), SCHED_ARGS (extra `elman sched` flags, e.g. --stop-after 22), TEST_FILES (GPU test paths; default tests),
+# benchmarks), TRAIN_JOBS (job file for preflight and train), CARRIED / CORPUS_MANIFEST / CORPUS_WAIT (the corpus stage), PREFLIGHT_JOBS, PREFLIGHT_MODES (default trainer-graph), SCHED_ARGS (extra `elman sched` flags, e.g. --stop-after 22), TEST_FILES (GPU test paths; default tests),
 # BENCH_ARGS (extra `elman bench` flags), WARM_ARGS (extra `elman warm` flags, e.g. -j 8), PROFILE_ARGS (lmprofile),
 # CHAPTERS (names: only those chapters), BUILD (extensions to build first), PARITY_FAMILIES or PARITY_LEVELS, DEV_CHECKS (the dev stage's programs, dev/*_gpu_check.*:
 # each runs with a DEV_LIMIT (default 420) s limit and logs into the run folder), STAGE_LIMIT / LIMIT_<stage>
@@ -27,7 +27,9 @@
 # The corpus for train is the packed file that `elman data --pack 1200 --part-mb 40` writes
 # (or `elman data --repart FILE.xz --part-mb 40`): carry .cache/data/debian-mix-1200M.txt.json
 # and one part a call (.xz.000 ... .004): a call carries the tree and its carried paths, 64 MiB
-# at most, and the host keeps what was carried while it stays warm.
+# at most, and the host keeps what was carried while it stays warm. Stage corpus (before train)
+# waits for the last part, so one pass can start with the first call:
+#   gpu_session.sh start setup build test preflight corpus train   (then a call a part, then polls)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -223,6 +225,37 @@ preflight_stage() {
   python3 -m elman.training.profile --jobs ${PREFLIGHT_JOBS:-${TRAIN_JOBS:-scripts/train_50m.jobs}} \
     --setup after --mode ${PREFLIGHT_MODES:-trainer-graph} --steps 5 --brief --record
 }
+# The packed corpus for train, carried one part a device call while earlier stages run: wait
+# (at most CORPUS_WAIT s, default 900) until every part its manifest (CORPUS_MANIFEST, default
+# .cache/data/debian-mix-1200M.txt.json) names is in CARRIED (the checkout the calls sync;
+# gpu_session.sh start sets it; default this tree) at the manifest's total size, then copy the
+# manifest and the parts into this tree.
+corpus_stage() {
+  local manifest=${CORPUS_MANIFEST:-.cache/data/debian-mix-1200M.txt.json}
+  python3 - "${CARRIED:-$ROOT}/$manifest" "$ROOT/$(dirname "$manifest")" "${CORPUS_WAIT:-900}" <<'PY'
+import json, shutil, sys, time
+from pathlib import Path
+manifest, dest, wait = Path(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3])
+start = shown = time.monotonic()
+while True:
+    m = json.loads(manifest.read_text()) if manifest.is_file() else {"xz_parts": [], "xz_bytes": None}
+    parts = [manifest.parent / name for name in m["xz_parts"]]
+    have = sum(p.stat().st_size for p in parts if p.is_file())
+    if parts and have == m["xz_bytes"]:
+        break
+    if time.monotonic() - start > wait:
+        sys.exit(f"corpus: {have:,} of {m['xz_bytes'] or '?'} bytes of the parts of {manifest} after {wait:.0f} s")
+    if time.monotonic() - shown > 60:
+        print(f"corpus: waiting, {sum(p.is_file() for p in parts)} of {len(parts)} parts here", flush=True)
+        shown = time.monotonic()
+    time.sleep(2)
+dest.mkdir(parents=True, exist_ok=True)
+for f in (manifest, *parts):
+    if f.parent.resolve() != dest.resolve():
+        shutil.copy2(f, dest / f.name)
+print(f"corpus: {len(parts)} parts, {have:,} bytes, in {dest}")
+PY
+}
 train_stage() { python3 -m elman sched "${TRAIN_JOBS:-scripts/train_50m.jobs}" --log-dir "$ELMAN_RUN_DIR/sched" ${SCHED_ARGS:-}; }
 leaderboard() { chapters training_protocol leaderboard; }
 pack() {
@@ -235,7 +268,7 @@ declare -A FN=([setup]=setup [build]=build [dev]=dev_stage [warm]=warm_stage [te
   [parity]=parity_stage [bitwise]=bitwise_stage [gdn]=gdn_stage [diagonal]=diagonal_stage
   [headline]=headline_stage [widths]=widths_stage [lmprofile]=lmprofile_stage
   [baselines]=baselines_stage [bench]=bench_stage
-  [sanitize]=sanitize [chapters]=chapters [preflight]=preflight_stage [train]=train_stage
+  [sanitize]=sanitize [chapters]=chapters [preflight]=preflight_stage [corpus]=corpus_stage [train]=train_stage
   [leaderboard]=leaderboard [pack]=pack)
 export -f "${FN[@]}" log has bench_times_baselines
 export LOG ROOT OUT STAGES BASELINES

@@ -23,6 +23,7 @@ verb=${1:-poll}; shift || true
 
 case $verb in
   start)
+    export CARRIED=$PWD  # where later calls' carried files land (gpu_pass.sh's corpus stage)
     rm -rf "$WORK" && mkdir -p "$WORK/out" && cp -a . "$WORK/"
     cd "$WORK" || exit 1
     if [ -f "${1:-}" ]; then cmd=(bash "$1"); else cmd=(bash scripts/gpu_pass.sh "$@"); fi

@@ -1,11 +1,15 @@
 """scripts/gpu_pass.sh on the CPU: stages run in the order named, a stage past its limit is
-stopped and the pass goes on, an unknown stage fails the pass without stopping it; and
-scripts/gpu_session.sh runs a plan of passes and packs every run folder."""
+stopped and the pass goes on, an unknown stage fails the pass without stopping it; the corpus
+stage waits for carried parts; and scripts/gpu_session.sh runs a plan of passes and packs every
+run folder."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,6 +31,38 @@ def test_stage_order_limits_and_unknown_stages(tmp_path: Path):
     assert "unknown stage bogus" in log and "stage dev FAILED" in log and "stage pack ok" in log
     assert (run_dir / "slow.log").read_text().split() == ["started"]
     assert "failed stages: bogus dev" in log
+
+
+def test_corpus_stage_waits_for_every_carried_part(tmp_path: Path):
+    """The parts arrive one by one in the carried checkout while the stage waits; it copies them
+    once their sizes add up to the manifest's, and fails with a message when they do not in time."""
+    carried, tree = tmp_path / "carried" / ".cache" / "data", tmp_path / "tree"
+    carried.mkdir(parents=True)
+    parts = {f"c.txt.xz.00{i}": bytes([i]) * (100 + i) for i in range(3)}
+    (carried / "c.txt.json").write_text(json.dumps({"xz_parts": list(parts), "xz_bytes": sum(map(len, parts.values()))}))
+
+    def arrive():
+        for name, data in parts.items():
+            time.sleep(1)
+            (carried / name).write_bytes(data)
+    env = {**os.environ, "ELMAN_RUN_DIR": str(tmp_path / "run"), "OUT": str(tmp_path / "out"),
+           "CARRIED": str(tmp_path / "carried"), "CORPUS_MANIFEST": ".cache/data/c.txt.json",
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    script = tree / "scripts" / "gpu_pass.sh"
+    script.parent.mkdir(parents=True)
+    script.write_text((ROOT / "scripts" / "gpu_pass.sh").read_text())
+    late = subprocess.run(["bash", str(script), "corpus"], env={**env, "CORPUS_WAIT": "1"},
+                          capture_output=True, text=True, timeout=60)
+    assert late.returncode != 0 and "0 of 303 bytes" in (tmp_path / "out" / "gpu_pass.log").read_text()
+    thread = threading.Thread(target=arrive)
+    thread.start()
+    proc = subprocess.run(["bash", str(script), "corpus"], env={**env, "CORPUS_WAIT": "30"},
+                          capture_output=True, text=True, timeout=60)
+    thread.join()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for name, data in parts.items():
+        assert (tree / ".cache" / "data" / name).read_bytes() == data
+    assert (tree / ".cache" / "data" / "c.txt.json").is_file()
 
 
 def test_session_runs_a_plan_and_packs_every_run_folder(tmp_path: Path):
