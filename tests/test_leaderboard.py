@@ -91,18 +91,26 @@ def test_the_later_run_of_a_model_and_seed_counts(tmp_path):
 
 def test_a_row_takes_the_tables_spelling_of_its_level(tmp_path):
     rec = _record("E37v2", 2.1)
-    rec["variant"] = "E37"  # the registry's name: a run of --level E37v2 records it
+    rec["variant"] = "E37"  # the registry's name (a run of --level E37 records it)
     (b, _), _ = _boards(tmp_path, [rec])
     assert [r["level"] for r in b.ranked] == ["E37v2"] and "E37v2" not in b.missing
     assert "1.576 [" in lb.markdown_table(b)  # the seed study's E37v2 figure
     assert lb.table_level(lb.TABLES["50m"], "E37") == "E37v2" and lb.table_level(lb.TABLES["50m"], "E2") == "E2"
 
 
+def test_spellings_name_the_registry_entries_of_the_tables_levels():
+    from elman import registry
+
+    respelled = {registry.get(lv).name.lower(): lv for t in lb.TABLES.values() for lv in t.levels
+                 if registry.get(lv).name != lv}
+    assert respelled == lb.SPELLINGS
+
+
 def _profile(level, dim, tps, run, depth=6, batch=64, mode="trainer-graph", forward=None):
     layers = [{"layer": level, "backend": "cuda", "forward": forward or {"dense.op": "persistent"}}] * 2
     r = records.make("bench", level, "cuda",
                      {"measure": "lm_profile", "mode": mode, "setup": "after", "dim": dim, "depth": depth,
-                      "expansion": 1.0, "B": batch, "T": 512, "n_params": 49_500_000},
+                      "expansion": 1.0, "B": batch, "T": 512, "n_params": 49_500_000, "family": "dense"},
                      {"tokens_per_s": tps, "phase_ms": {"step": 36.9}, "peak_mem_mb": 4096.0,
                       "kernel_paths": {"layers": layers}, "kernels": "dense.op:persistent x2"})
     return {**r, "run": run}

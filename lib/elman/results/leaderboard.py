@@ -10,8 +10,8 @@ width, depth, expansion and option set; its row is the run at the protocol's see
 at another seed measures the seed-to-seed noise. Where two pinned runs hold the same model and
 seed, the later run folder counts.
 
-A row's level is the table's spelling of it (E37v2, not the registry's E37), so that the
-table's level list, its seed figures and its job files name it alike.
+A row's level is the table's spelling of it (E37v2, not the registry's E37, which a profile
+record carries), so that the table's level list, its seed figures and its job files name it alike.
 
 The headline is the validation loss in bits/byte with its standard error; rows are ranked by
 it. Gaps between models are judged against the evaluation noise (twice the standard error of
@@ -24,7 +24,6 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import registry
 from . import training
 
 CORPUS = "debian-mix-1200M.txt.xz"  # the jobs' data file; a record is matched by the file's name
@@ -69,18 +68,15 @@ def mismatch(table: Table, row: dict) -> str | None:
     return None
 
 
-def _entry_name(level: str) -> str:
-    try:
-        return registry.get(level).name
-    except KeyError:
-        return level
+# Levels a table spells as the seed study did, by the registry's name of each (the records of a
+# profile carry the registry's name; tests/test_leaderboard.py checks these against the registry).
+SPELLINGS = {"e37": "E37v2"}
 
 
 def table_level(table: Table, level: str) -> str:
-    """The table's spelling of `level`: the table's level that names the same registry entry
-    (E37v2 for a record of E37, whose alias it is), else `level`."""
-    name = _entry_name(level)
-    return next((lv for lv in table.levels if _entry_name(lv) == name), level)
+    """The table's spelling of `level` (E37v2 for the registry's E37), else `level`."""
+    name = SPELLINGS.get(level.lower(), level).lower()
+    return next((lv for lv in table.levels if lv.lower() == name), level)
 
 
 def membership(rows: list[dict]) -> tuple[dict[str, list[dict]], list[tuple[dict, str]]]:
@@ -301,20 +297,13 @@ def preflight_table(b: Board, profiles: list[dict]) -> str | None:
              "|---|---|---|---|---|---|---|"]
     for (level, dim, e), r in sorted(latest.items(), key=lambda kv: (order.get(kv[0][0], len(order)), kv[0])):
         m, run = r["metrics"], runs.get((level, dim, e))
-        flag = kernel_flag({"kernel_paths": m.get("kernel_paths"), "family": _family(level)})
+        flag = kernel_flag({"kernel_paths": m.get("kernel_paths"), "family": r["params"].get("family")})
         lines.append(f"| {level} d{dim} x {t.depth}" + (f" (e {e:g})" if e != 1 else "")
                      + f" | {_params(r['params'].get('n_params'))} | {m['tokens_per_s']:,.0f} | "
                      + (f"{run['tokens_per_s']:,.0f}" if run else "not run yet")
                      + f" | {m['phase_ms']['step']:.1f} | {m['peak_mem_mb'] / 1024:.1f} | "
                      + " ".join(x for x in (flag, m.get("kernels") or "-") if x) + " |")
     return "\n".join(lines)
-
-
-def _family(level: str) -> str | None:
-    try:
-        return registry.get(level).family
-    except KeyError:
-        return None
 
 
 # ---- seeds and gaps -------------------------------------------------------------------------
