@@ -64,7 +64,8 @@ if [ -z "${ELMAN_RUN_DIR:-}" ] && [ "$STAGES" = pack ]; then
 fi
 if [ -z "${ELMAN_RUN_DIR:-}" ]; then
   gpu=$(python3 -c "import torch,re;print(re.sub(r'[^A-Za-z0-9]+','-',torch.cuda.get_device_name()).strip('-').lower())")
-  export ELMAN_RUN_DIR=$ROOT/runs/$(date -u +%Y%m%dT%H%M%SZ)_${ELMAN_COMMIT:-unknown}_$gpu
+  commit=${ELMAN_COMMIT:-unknown}
+  export ELMAN_RUN_DIR=$ROOT/runs/$(date -u +%Y%m%dT%H%M%SZ)_${commit:0:7}_$gpu
 fi
 mkdir -p "$ELMAN_RUN_DIR"
 # run.json: the note and the git blob ids of the sources this pass builds and runs
