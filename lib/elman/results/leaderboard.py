@@ -281,7 +281,8 @@ def preflight_table(b: Board, profiles: list[dict]) -> str | None:
     batch, depth and T in the step `elman train --graph` takes: a few steps of the model its job
     builds, on random bytes; gpu_pass.sh's preflight stage), each with its parameters, tokens/s,
     step time, peak memory and kernel paths, and the 10-minute run's tokens/s where the model has
-    one; None without such a record. The later run folder counts for a model profiled twice."""
+    one; None without such a record. The later run folder counts for a model profiled twice.
+    A record's `family` param, where it has one, lets the kernel paths take kernel_flag's '?'."""
     t = b.table
     latest = {}
     for r in sorted(profiles, key=lambda r: r.get("run", "")):
