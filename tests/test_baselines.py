@@ -519,8 +519,10 @@ def test_library_layers_say_which_path_runs():
     layer = entry("fla-gdn").layer(128)
     with gdn.dqkwg("torch"):
         assert layer.impl == gdn.impl() == "fla-0.6.0:chunk+dqkwg-torch"
-    assert entry("mamba2").layer(128).impl == mamba2.IMPL == \
-        entry("mamba2").parity(Shape(4, 1, 64), F64, "cpu", torch.Generator())[0].impl
+    for name in ("mamba2", "llama", "gru", "lstm"):  # the layer's impl is its parity case's
+        e = entry(name)
+        assert e.layer(128).impl == e.parity(Shape(4, 1, 64), F64, "cpu", torch.Generator())[0].impl
+    assert entry("mamba2").layer(128).impl == mamba2.IMPL and entry("lstm").layer(128).impl == "cudnn:lstm"
 
 
 # ---- the verification and the chapter's tables, on the CPU ----------------------------------

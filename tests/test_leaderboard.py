@@ -106,11 +106,12 @@ def test_spellings_name_the_registry_entries_of_the_tables_levels():
     assert respelled == lb.SPELLINGS
 
 
-def _profile(level, dim, tps, run, depth=6, batch=64, mode="trainer-graph", forward=None):
+def _profile(level, dim, tps, run, depth=6, batch=64, mode="trainer-graph", forward=None, typed=None):
     layers = [{"layer": level, "backend": "cuda", "forward": forward or {"dense.op": "persistent"}}] * 2
+    typed = {} if typed is None else {"level": typed}   # the level as the job line spelled it
     r = records.make("bench", level, "cuda",
                      {"measure": "lm_profile", "mode": mode, "setup": "after", "dim": dim, "depth": depth,
-                      "expansion": 1.0, "B": batch, "T": 512, "n_params": 49_500_000, "family": "dense"},
+                      "expansion": 1.0, "B": batch, "T": 512, "n_params": 49_500_000, "family": "dense", **typed},
                      {"tokens_per_s": tps, "phase_ms": {"step": 36.9}, "peak_mem_mb": 4096.0,
                       "kernel_paths": {"layers": layers}, "kernels": "dense.op:persistent x2"})
     return {**r, "run": run}
@@ -127,6 +128,9 @@ def test_preflight_table_lists_each_model_once_beside_its_run(tmp_path):
                     "| E37v2 d1664 x 6 | 49.5M | 631,000 | not run yet | 36.9 | 4.0 | ⚠ dense.op:persistent x2 |"]
     assert "| E1 d640 x 20 |" in lb.preflight_table(b100, profiles)
     assert lb.preflight_table(b, profiles[3:4]) is None
+    # a record's typed level names the row, whatever the registry calls the entry
+    typed = lb.preflight_table(b, [_profile("entry-name", 1664, 699_000.0, "a", typed="E39")])
+    assert typed.splitlines()[2].startswith("| E39 d1664 x 6 | 49.5M | 699,000 | not run yet |")
 
 
 def test_table_cells_flags_and_seed_figures(tmp_path):
@@ -190,7 +194,8 @@ def test_findings_from_records(tmp_path):
     assert "not run yet: E33, E34, E36, E39" in e1_50
     assert "not measured yet" in e1_100
     assert "does not hold among the 2 measured: E37v2_d1280x6 ranks first, E42_d1280x6 is number 2" in e42
-    assert "does not hold" in e68 and "E67_d1280x20 ranks first" in e68 and "within the evaluation noise" in e68
+    # E67 leads E68 by less than twice the gap's standard error: the claim is neither kept nor refuted
+    assert "undecided among" in e68 and "E67_d1280x20 ranks first" in e68 and "within the evaluation noise" in e68
     assert "E88d_h12_d1280x20 at 1.6000 ± 0.0020 bits/byte is 0.0500 bits/byte behind fla-gdn_d1280x20" in e88
     assert "0.1000 bits/byte ahead of mamba2_d1280x20" in e88
 

@@ -76,7 +76,8 @@ def test_profile_needs_cuda():
 def test_profile_splits_a_small_model_step():
     from elman.training import profile
 
-    rec = profile.lm_profile_record("E1", 256, 2, batch=2, seq=64, steps=3)
+    rec = profile.lm_profile_record("e1", 256, 2, batch=2, seq=64, steps=3)
+    assert (rec["variant"], rec["params"]["level"], rec["params"]["family"]) == ("E1", "e1", "dense")
     m = rec["metrics"]
     assert m["phase_ms"]["step"] > 0 and m["kernel_ms_total"] > 0 and m["largest_kernels_ms"]
     assert set(m["kernel_ms_by_category"]) <= {name for name, _ in profile.CATEGORIES} | {"other"}

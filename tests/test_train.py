@@ -399,8 +399,11 @@ def test_path_probe_records_every_layer(monkeypatch):
                 fake.last_path["backward"] = self.path
             return x * self.w
 
+    class Baseline(Layer):
+        impl = "library:triton"
+
     model = torch.nn.Module()
-    model.layers = torch.nn.ModuleList([Layer("persistent"), Layer(None), Layer("steps")])
+    model.layers = torch.nn.ModuleList([Layer("persistent"), Layer(None), Baseline(None), Layer("steps")])
     probe = PathProbe(model)
     x = torch.ones(2)
     for layer in model.layers:
@@ -410,9 +413,9 @@ def test_path_probe_records_every_layer(monkeypatch):
     probe.close()
     assert "fake.op" in op_paths()
     assert [layer["forward"] for layer in r["layers"]] == [{"fake.op": "persistent"}, "pytorch",
-                                                           {"fake.op": "steps"}]
+                                                           "library:triton", {"fake.op": "steps"}]
     assert r["backward"] == {"fake.op": "steps"}
-    assert summary(r) == "fake.op:persistent x1; pytorch x1; fake.op:steps x1"
+    assert summary(r) == "fake.op:persistent x1; pytorch x1; library:triton x1; fake.op:steps x1"
     assert not model.layers[0]._forward_hooks
 
 

@@ -81,6 +81,8 @@ class Llama(nn.Module):
     """llama layer: `forward(a [B, T, d]) -> (out [B, T, d], None)`; `backend="cuda"`
     uses `F.scaled_dot_product_attention`, "reference" the explicit softmax."""
 
+    impl = "torch:sdpa"  # what `backend="cuda"` runs, for records
+
     def __init__(self, dim: int, expansion: float = 1.0, backend: str = "cuda"):
         super().__init__()
         check_backend(backend)
@@ -133,7 +135,7 @@ def parity(shape: Shape, dtype, device, generator) -> list[ParityCase]:
     def reference(q, k, v):
         return (attention_reference(rope(q), rope(k), v),)
 
-    return [ParityCase(inputs, fast, reference, ("out",), "torch:sdpa")]
+    return [ParityCase(inputs, fast, reference, ("out",), Llama.impl)]
 
 
 ENTRIES = (Entry(

@@ -98,6 +98,11 @@ class CuDNNRNN(nn.Module):
 
     cell = "gru"
 
+    @property
+    def impl(self) -> str:
+        """What `backend="cuda"` runs, for records."""
+        return f"cudnn:{self.cell}"
+
     def __init__(self, dim: int, expansion: float = 1.0, backend: str = "cuda",
                  rnn_dtype: str | torch.dtype | None = None):
         super().__init__()

@@ -68,8 +68,9 @@ def mismatch(table: Table, row: dict) -> str | None:
     return None
 
 
-# Levels a table spells as the seed study did, by the registry's name of each (the records of a
-# profile carry the registry's name; tests/test_leaderboard.py checks these against the registry).
+# Levels a table spells as the seed study did, by the registry's name of each (an lm_profile
+# record names the registry's entry, and the level as typed only in its params where it has one;
+# tests/test_leaderboard.py checks these against the registry).
 SPELLINGS = {"e37": "E37v2"}
 
 
@@ -289,7 +290,7 @@ def preflight_table(b: Board, profiles: list[dict]) -> str | None:
         p = r["params"]
         if (p.get("measure"), p.get("mode"), p.get("setup"), p["depth"], p["B"], p["T"]) == \
                 ("lm_profile", "trainer-graph", "after", t.depth, t.batch, t.seq):
-            latest[(table_level(t, r["variant"]), p["dim"], p["expansion"])] = r
+            latest[(table_level(t, p.get("level", r["variant"])), p["dim"], p["expansion"])] = r
     if not latest:
         return None
     runs = {(r["level"], r["dim"], r.get("expansion")): r for r in b.ranked}

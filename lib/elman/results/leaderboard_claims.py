@@ -58,6 +58,11 @@ def noise_phrase(g: dict) -> str:
     return "; ".join(x for x in (se, seed) if x)
 
 
+def within_noise(g: dict) -> bool:
+    """A gap that the evaluation's or the seeds' noise could explain decides nothing."""
+    return g["beyond_se"] is False or g["beyond_seed"] is False
+
+
 def best(claim: Claim, b: Board) -> str:
     """Whether claim.subject ranks first of claim.group on board b."""
     head = f"**{claim.text}** ({b.table.title})"
@@ -70,14 +75,13 @@ def best(claim: Claim, b: Board) -> str:
     if subject is None or len(rows) < 2:
         why = f"not run yet: {', '.join(missing)}" if missing else "no other model of the claim in this table"
         return f"{head}: not measured yet ({why}). {seed}".strip()
-    if rows[0] is subject:
-        g = gap(subject, rows[1], b.noise)
-        verdict = (f"holds among the {len(rows)} measured: {subject['name']} ranks first, "
-                   f"{g['gap']:.4f} bits/byte ahead of {rows[1]['name']}")
-    else:
-        g = gap(rows[0], subject, b.noise)
-        verdict = (f"does not hold among the {len(rows)} measured: {rows[0]['name']} ranks first, "
-                   f"{subject['name']} is number {rows.index(subject) + 1}, {g['gap']:.4f} bits/byte behind")
+    first = rows[0] is subject
+    g = gap(subject, rows[1], b.noise) if first else gap(rows[0], subject, b.noise)
+    standing = (f"{subject['name']} ranks first, {g['gap']:.4f} bits/byte ahead of {rows[1]['name']}"
+                if first else f"{rows[0]['name']} ranks first, {subject['name']} is number "
+                f"{rows.index(subject) + 1}, {g['gap']:.4f} bits/byte behind")
+    verdict = (f"{'undecided' if within_noise(g) else 'holds' if first else 'does not hold'} "
+               f"among the {len(rows)} measured: {standing}")
     verdict += f" ({noise_phrase(g)})"
     if missing:
         verdict += f"; not run yet: {', '.join(missing)}"

@@ -5,8 +5,9 @@ The kernel-family ops keep a module-level dict `last_path` ({"forward": ..., "ba
 a LadderLM: before a layer's forward it empties every loaded family's dict, after it
 copies what the layer's call wrote. The backward pass runs the layers in reverse and
 leaves, per family, the path of its last backward call; the probe reports those per
-family. A layer whose forward called no family op ran PyTorch code (the reference backend
-or a baseline).
+family. A layer whose forward called no family op ran the reference backend ("reference"),
+or is a baseline, which names the library path it runs in its `impl` (mamba2
+"mamba-ssm-2.3.2:ssd-triton", llama "torch:sdpa", ...); else it ran PyTorch code ("pytorch").
 """
 from __future__ import annotations
 
@@ -53,7 +54,8 @@ class PathProbe:
             ran = self.forward.get(i, {})
             backend = getattr(layer, "backend", None)
             layers.append({"layer": type(layer).__name__, "backend": backend,
-                           "forward": ran or ("reference" if backend == "reference" else "pytorch")})
+                           "forward": ran or ("reference" if backend == "reference"
+                                                  else getattr(layer, "impl", None) or "pytorch")})
         backward = {name: d["backward"] for name, d in op_paths().items() if "backward" in d}
         return {"layers": layers, "backward": backward}
 

@@ -234,7 +234,8 @@ def lm_profile_record(level: str, dim: int, depth: int, expansion: float = 1.0, 
     largest = sorted(kernels.items(), key=lambda kv: -kv[1])[:top]
     kernel_total = sum(kernels.values())
     params = memory.step_params("lm_profile", model, cfg, options)
-    params.update(mode=mode, setup=setup, steps=steps, norm=model.norm)
+    params.update(mode=mode, setup=setup, steps=steps, norm=model.norm, level=level,
+                  family=model.entry.family)
     peak = torch.cuda.max_memory_allocated() / 2 ** 20
     rec = records.make("bench", model.level, f"lm:{model.backend}", params,
                        {"phase_ms": median, "tokens_per_s": batch * seq * steps / (total_ms / 1000),
