@@ -226,35 +226,21 @@ preflight_stage() {
   python3 -m elman.training.profile --jobs ${PREFLIGHT_JOBS:-${TRAIN_JOBS:-scripts/train_50m.jobs}} \
     --setup after --mode ${PREFLIGHT_MODES:-trainer-graph} --steps 5 --brief --record
 }
-# The packed corpus for train, carried one part a device call while earlier stages run: wait
-# (at most CORPUS_WAIT s, default 900) until every part its manifest (CORPUS_MANIFEST, default
-# .cache/data/debian-mix-1200M.txt.json) names is in CARRIED (the checkout the calls sync;
-# gpu_session.sh start sets it; default this tree) at the manifest's total size, then copy the
+# The packed corpus for train, carried one part a device call while earlier stages run:
+# data.collect_parts waits (at most CORPUS_WAIT s, default 900) for every part its manifest
+# (CORPUS_MANIFEST, default .cache/data/debian-mix-1200M.txt.json) names in CARRIED (the
+# checkout the calls sync; gpu_session.sh start sets it; default this tree), then copies the
 # manifest and the parts into this tree.
 corpus_stage() {
   local manifest=${CORPUS_MANIFEST:-.cache/data/debian-mix-1200M.txt.json}
   python3 - "${CARRIED:-$ROOT}/$manifest" "$ROOT/$(dirname "$manifest")" "${CORPUS_WAIT:-900}" <<'PY'
-import json, shutil, sys, time
-from pathlib import Path
-manifest, dest, wait = Path(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3])
-start = shown = time.monotonic()
-while True:
-    m = json.loads(manifest.read_text()) if manifest.is_file() else {"xz_parts": [], "xz_bytes": None}
-    parts = [manifest.parent / name for name in m["xz_parts"]]
-    have = sum(p.stat().st_size for p in parts if p.is_file())
-    if parts and have == m["xz_bytes"]:
-        break
-    if time.monotonic() - start > wait:
-        sys.exit(f"corpus: {have:,} of {m['xz_bytes'] or '?'} bytes of the parts of {manifest} after {wait:.0f} s")
-    if time.monotonic() - shown > 60:
-        print(f"corpus: waiting, {sum(p.is_file() for p in parts)} of {len(parts)} parts here", flush=True)
-        shown = time.monotonic()
-    time.sleep(2)
-dest.mkdir(parents=True, exist_ok=True)
-for f in (manifest, *parts):
-    if f.parent.resolve() != dest.resolve():
-        shutil.copy2(f, dest / f.name)
-print(f"corpus: {len(parts)} parts, {have:,} bytes, in {dest}")
+import sys
+from elman.training import data
+try:
+    have = data.collect_parts(sys.argv[1], sys.argv[2], float(sys.argv[3]))
+except data.DataError as exc:
+    sys.exit(f"corpus: {exc}")
+print(f"corpus: {have:,} bytes of parts in {sys.argv[2]}")
 PY
 }
 train_stage() { python3 -m elman sched "${TRAIN_JOBS:-scripts/train_50m.jobs}" --log-dir "$ELMAN_RUN_DIR/sched" ${SCHED_ARGS:-}; }

@@ -47,7 +47,7 @@ def test_corpus_stage_waits_for_every_carried_part(tmp_path: Path):
             (carried / name).write_bytes(data)
     env = {**os.environ, "ELMAN_RUN_DIR": str(tmp_path / "run"), "OUT": str(tmp_path / "out"),
            "CARRIED": str(tmp_path / "carried"), "CORPUS_MANIFEST": ".cache/data/c.txt.json",
-           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT / "lib")}
     script = tree / "scripts" / "gpu_pass.sh"
     script.parent.mkdir(parents=True)
     script.write_text((ROOT / "scripts" / "gpu_pass.sh").read_text())

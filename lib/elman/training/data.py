@@ -36,6 +36,7 @@ import os
 import shutil
 import subprocess
 import tarfile
+import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -366,6 +367,33 @@ def _join_parts(xz: Path, manifest: dict) -> None:
         tmp.unlink()
         raise DataError(f"the parts of {xz} join to a file whose sha256 differs from its manifest")
     os.replace(tmp, xz)
+
+
+def collect_parts(manifest: Path | str, dest: Path | str, wait: float = 900.0, poll: float = 2.0) -> int:
+    """Wait (at most `wait` s) until every part of the packed corpus whose manifest is `manifest`
+    lies beside it at the manifest's total size, then copy the manifest and its parts into the
+    folder `dest`; returns the parts' bytes. For parts that arrive one by one (one device call
+    each) while a GPU pass runs; `unpack` checks their sha256 when a run reads them."""
+    manifest, dest = Path(manifest), Path(dest)
+    start = shown = time.monotonic()
+    while True:
+        m = json.loads(manifest.read_text()) if manifest.is_file() else {"xz_parts": [], "xz_bytes": None}
+        parts = [manifest.with_name(n) for n in m["xz_parts"]]
+        have = sum(p.stat().st_size for p in parts if p.is_file())
+        if parts and have == m["xz_bytes"]:
+            break
+        if time.monotonic() - start > wait:
+            raise DataError(f"{have:,} of {m['xz_bytes'] or '?'} bytes of the parts of {manifest} "
+                            f"after {wait:.0f} s")
+        if time.monotonic() - shown > 60:
+            print(f"{manifest.name}: waiting, {sum(p.is_file() for p in parts)} of {len(parts)} parts here", flush=True)
+            shown = time.monotonic()
+        time.sleep(poll)
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in (manifest, *parts):
+        if f.parent.resolve() != dest.resolve():
+            shutil.copy2(f, dest / f.name)
+    return have
 
 
 def repart(xz: Path, part_mb: float) -> list[str]:
