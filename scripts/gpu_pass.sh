@@ -18,7 +18,7 @@
 # (the commit the tree is at, when the host has no .git or an outdated one; run.json records
 # the sources' blob ids either way), ELMAN_RUN_DIR (default: a new
 # runs/<UTC>_<commit>_<gpu>/), RUN_NOTE (what the run is for, into run.json), QUICK=1 (small
-# benchmarks), TRAIN_JOBS (job file for preflight and train), CARRIED / CORPUS_MANIFEST / CORPUS_WAIT (the corpus stage), PREFLIGHT_JOBS, PREFLIGHT_MODES (default trainer-graph), SCHED_ARGS (extra `elman sched` flags, e.g. --stop-after 22), TEST_FILES (GPU test paths; default tests),
+# benchmarks), TRAIN_JOBS (job file for preflight and train), CARRIED / CORPUS / CORPUS_WAIT (the corpus stage), PREFLIGHT_JOBS, PREFLIGHT_MODES (default trainer-graph), SCHED_ARGS (extra `elman sched` flags, e.g. --stop-after 22), TEST_FILES (GPU test paths; default tests),
 # BENCH_ARGS (extra `elman bench` flags), WARM_ARGS (extra `elman warm` flags, e.g. -j 8), PROFILE_ARGS (lmprofile),
 # CHAPTERS (names: only those chapters), BUILD (extensions to build first), PARITY_FAMILIES or PARITY_LEVELS, DEV_CHECKS (the dev stage's programs, dev/*_gpu_check.*:
 # each runs with a DEV_LIMIT (default 420) s limit and logs into the run folder), STAGE_LIMIT / LIMIT_<stage>
@@ -226,22 +226,13 @@ preflight_stage() {
   python3 -m elman.training.profile --jobs ${PREFLIGHT_JOBS:-${TRAIN_JOBS:-scripts/train_50m.jobs}} \
     --setup after --mode ${PREFLIGHT_MODES:-trainer-graph} --steps 5 --brief --record
 }
-# The packed corpus for train, carried one part a device call while earlier stages run:
-# data.collect_parts waits (at most CORPUS_WAIT s, default 900) for every part its manifest
-# (CORPUS_MANIFEST, default .cache/data/debian-mix-1200M.txt.json) names in CARRIED (the
-# checkout the calls sync; gpu_session.sh start sets it; default this tree), then copies the
-# manifest and the parts into this tree.
+# The packed corpus for train, carried one part a device call while earlier stages run: waits
+# (at most CORPUS_WAIT s, default 900) for every part of CORPUS (default
+# .cache/data/debian-mix-1200M.txt.xz) in CARRIED (the checkout the calls sync; gpu_session.sh
+# start sets it; default this tree), then copies the manifest and the parts into this tree.
 corpus_stage() {
-  local manifest=${CORPUS_MANIFEST:-.cache/data/debian-mix-1200M.txt.json}
-  python3 - "${CARRIED:-$ROOT}/$manifest" "$ROOT/$(dirname "$manifest")" "${CORPUS_WAIT:-900}" <<'PY'
-import sys
-from elman.training import data
-try:
-    have = data.collect_parts(sys.argv[1], sys.argv[2], float(sys.argv[3]))
-except data.DataError as exc:
-    sys.exit(f"corpus: {exc}")
-print(f"corpus: {have:,} bytes of parts in {sys.argv[2]}")
-PY
+  local xz=${CORPUS:-.cache/data/debian-mix-1200M.txt.xz}
+  python3 -m elman data --collect "${CARRIED:-$ROOT}/$xz" --out "$ROOT/$(dirname "$xz")" --wait "${CORPUS_WAIT:-900}"
 }
 train_stage() { python3 -m elman sched "${TRAIN_JOBS:-scripts/train_50m.jobs}" --log-dir "$ELMAN_RUN_DIR/sched" ${SCHED_ARGS:-}; }
 leaderboard() { chapters training_protocol leaderboard; }

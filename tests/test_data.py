@@ -259,6 +259,20 @@ def test_repart_cuts_the_parts_anew(corpus, tmp_path, capsys):
     assert data.sha256(data.ByteData(tmp_path / "p.txt.xz").path) == m["sha256"]
 
 
+def test_cli_collects_the_parts_into_a_folder_that_unpacks(corpus, tmp_path, capsys):
+    src, _ = corpus
+    m = data.pack(src, tmp_path / "p.txt.xz", megabytes=0.01, part_mb=0.00005)
+    dest = tmp_path / "dest"
+    assert cli(["data", "--collect", str(tmp_path / "p.txt.xz"), "--out", str(dest)]) == 0
+    assert f"{m['xz_bytes']:,} bytes" in capsys.readouterr().out
+    assert sorted(p.name for p in dest.iterdir()) == sorted([*m["xz_parts"], "p.txt.json"])
+    assert data.sha256(data.unpack(dest / "p.txt.xz")) == m["sha256"]
+    (tmp_path / m["xz_parts"][1]).unlink()
+    assert cli(["data", "--collect", str(tmp_path / "p.txt.xz"), "--out", str(tmp_path / "d2"),
+                "--wait", "0"]) == 1
+    assert f"of {m['xz_bytes']} bytes of the parts" in capsys.readouterr().out
+
+
 def test_cli_reports_missing_apt_get(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(data.shutil, "which", lambda name: None)
     monkeypatch.setattr(data, "CACHE", tmp_path)

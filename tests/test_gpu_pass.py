@@ -46,7 +46,7 @@ def test_corpus_stage_waits_for_every_carried_part(tmp_path: Path):
             time.sleep(1)
             (carried / name).write_bytes(data)
     env = {**os.environ, "ELMAN_RUN_DIR": str(tmp_path / "run"), "OUT": str(tmp_path / "out"),
-           "CARRIED": str(tmp_path / "carried"), "CORPUS_MANIFEST": ".cache/data/c.txt.json",
+           "CARRIED": str(tmp_path / "carried"), "CORPUS": ".cache/data/c.txt.xz",
            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT / "lib")}
     script = tree / "scripts" / "gpu_pass.sh"
     script.parent.mkdir(parents=True)

@@ -369,28 +369,28 @@ def _join_parts(xz: Path, manifest: dict) -> None:
     os.replace(tmp, xz)
 
 
-def collect_parts(manifest: Path | str, dest: Path | str, wait: float = 900.0, poll: float = 2.0) -> int:
-    """Wait (at most `wait` s) until every part of the packed corpus whose manifest is `manifest`
-    lies beside it at the manifest's total size, then copy the manifest and its parts into the
+def collect_parts(xz: Path | str, dest: Path | str, wait: float = 900.0, poll: float = 2.0) -> int:
+    """Wait (at most `wait` s) until every part of the packed corpus `xz` that its manifest names
+    lies beside it at the manifest's total size, then copy the manifest and the parts into the
     folder `dest`; returns the parts' bytes. For parts that arrive one by one (one device call
     each) while a GPU pass runs; `unpack` checks their sha256 when a run reads them."""
-    manifest, dest = Path(manifest), Path(dest)
+    xz, dest = Path(xz), Path(dest)
     start = shown = time.monotonic()
     while True:
-        m = json.loads(manifest.read_text()) if manifest.is_file() else {"xz_parts": [], "xz_bytes": None}
-        parts = [manifest.with_name(n) for n in m["xz_parts"]]
+        m = read_manifest(xz) or {"xz_parts": [], "xz_bytes": None}
+        parts = [xz.with_name(n) for n in m.get("xz_parts", [])]
         have = sum(p.stat().st_size for p in parts if p.is_file())
         if parts and have == m["xz_bytes"]:
             break
         if time.monotonic() - start > wait:
-            raise DataError(f"{have:,} of {m['xz_bytes'] or '?'} bytes of the parts of {manifest} "
+            raise DataError(f"{have:,} of {m['xz_bytes'] or '?'} bytes of the parts of {xz} "
                             f"after {wait:.0f} s")
         if time.monotonic() - shown > 60:
-            print(f"{manifest.name}: waiting, {sum(p.is_file() for p in parts)} of {len(parts)} parts here", flush=True)
+            print(f"{xz.name}: waiting, {sum(p.is_file() for p in parts)} of {len(parts)} parts here", flush=True)
             shown = time.monotonic()
         time.sleep(poll)
     dest.mkdir(parents=True, exist_ok=True)
-    for f in (manifest, *parts):
+    for f in (manifest_path(xz), *parts):
         if f.parent.resolve() != dest.resolve():
             shutil.copy2(f, dest / f.name)
     return have
@@ -583,6 +583,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, help="output file (default depends on the action)")
     p.add_argument("--corpus", type=Path,
                    help="the built corpus that --pack and --slice read (default data/<name>.txt)")
+    p.add_argument("--wait", type=float, default=900.0, metavar="S",
+                   help="with --collect: how long to wait for the parts (default %(default)g s)")
     p.add_argument("--part-mb", type=float, metavar="MB",
                    help="with --pack or --repart: cut the .xz into parts of at most MB MiB (to carry)")
     act = p.add_mutually_exclusive_group()
@@ -592,6 +594,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     act.add_argument("--unpack", type=Path, metavar="FILE", help="decompress a packed corpus")
     act.add_argument("--repart", type=Path, metavar="FILE",
                      help="cut a packed corpus (FILE.xz) into parts of --part-mb MiB anew")
+    act.add_argument("--collect", type=Path, metavar="FILE",
+                     help="wait until every part of a packed corpus (FILE.xz) lies beside its "
+                          "manifest, then copy them into --out (a folder; default FILE's)")
     act.add_argument("--slice", metavar="SIZE",
                      help="write a small test slice, e.g. 256K (default out: tests/data/<name>-slice.txt)")
     act.add_argument("--info", type=Path, metavar="FILE", help="print a data file's manifest and split")
@@ -648,6 +653,10 @@ def main(args: argparse.Namespace) -> int:
                 raise DataError("--repart needs --part-mb")
             names = repart(args.repart, args.part_mb)
             print(f"cut {args.repart} into {len(names)} parts: {', '.join(names)}")
+        elif args.collect is not None:
+            dest = args.out or args.collect.parent
+            have = collect_parts(args.collect, dest, args.wait)
+            print(f"collected {have:,} bytes of the parts of {args.collect.name} in {dest}")
         elif args.unpack is not None:
             out = unpack(args.unpack, args.out)
             print(f"unpacked {args.unpack} -> {out}")
