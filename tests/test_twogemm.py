@@ -253,11 +253,14 @@ def test_schedule_cluster_shape_matches_plan():
     assert [cluster_shape(D) for D in (8, 48, 64, 96, 128, 256, 512, 520, 1024, 2048)] == [
         (1, 64), (1, 64), (1, 64), (1, 128), (1, 128), (2, 128), (4, 128), (8, 128),
         (8, 128), (16, 128)]
+    assert [cluster_shape(D, 320) for D in (48, 200, 520, 1160, 1280)] == [
+        (1, 64), (2, 128), (5, 128), (10, 128), (10, 128)]
+    assert cluster_shape(1280, 256) == (16, 128)
 
 
 @pytest.mark.parametrize("mode", [0, 1, 2])
 @pytest.mark.parametrize("T,B,D,r", [(1, 1, 48, 5), (5, 3, 200, 17), (4, 9, 300, 40),
-                                     (3, 2, 520, 64)])
+                                     (3, 2, 520, 64), (2, 3, 1160, 320), (3, 1, 48, 300)])
 def test_persistent_schedule_exact_in_fp64(mode, T, B, D, r):
     """Slicing over CTAs, zero padding, rank-order sums and the hand-derived backward agree
     with autograd through the per-step loops to fp64 rounding."""
@@ -266,7 +269,7 @@ def test_persistent_schedule_exact_in_fp64(mode, T, B, D, r):
     g = torch.Generator().manual_seed(7)
     d_out, d_hT = torch.randn(T, B, D, generator=g, dtype=torch.float64), torch.randn(
         B, D, generator=g, dtype=torch.float64)
-    C, S = cluster_shape(D)
+    C, S = cluster_shape(D, r)
     out, hT, grads = _schedule(mode, x, d_out, d_hT, C, S)
     ref_out, ref_hT, ref_grads = _oracle(mode, x, d_out, d_hT)
     assert (out - ref_out).abs().max() < 1e-10 and (hT - ref_hT).abs().max() < 1e-10

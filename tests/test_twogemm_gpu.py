@@ -199,9 +199,13 @@ def test_tape_backward_memory_below_history():
 # (T, B, D, r): one CTA with padded rows and rank (D = 48, r = 5); two CTAs (D = 200, r = 17,
 # rank tile 2); eight CTAs with two clusters, the second partly filled (B = 9, D = 520: the
 # last CTA holds 8 live rows); the benchmark shape; rank tile 16 at 64 and at 128 rows a CTA
-# (the most registers); 16 CTAs (D = 2048); r = 16 (one rank tile); odd T and T = 1.
+# (the most registers); 16 CTAs (D = 2048); r = 16 (one rank tile); odd T and T = 1. Rank
+# tiles 16-19 in shared memory (r above 256): E66's 100M layer (D = 1280, r = 320, 10 CTAs),
+# two clusters of 10 whose last CTA holds 8 live rows (D = 1160), one 64-row CTA (D = 48,
+# r = 300 > D) and two CTAs with a padded rank (D = 200, r = 257).
 PERSISTENT_EDGES = [(1, 1, 48, 5), (7, 3, 200, 17), (33, 9, 520, 64), (17, 4, 512, 128),
-                    (5, 2, 1024, 256), (4, 3, 768, 256), (3, 2, 2048, 128), (9, 16, 512, 16)]
+                    (5, 2, 1024, 256), (4, 3, 768, 256), (3, 2, 2048, 128), (9, 16, 512, 16),
+                    (6, 2, 1280, 320), (4, 9, 1160, 320), (3, 1, 48, 300), (5, 3, 200, 257)]
 
 
 def _lowrank_inputs(T, B, D, r, seed=0):
@@ -243,14 +247,15 @@ def test_lowrank_persistent_agrees_with_schedule():
     T, B, D, r, mode = 9, 5, 520, 64, 1
     x = _lowrank_inputs(T, B, D, r, seed=11)
     xb = {k: t.to(torch.bfloat16) for k, t in x.items()}
-    C, S = schedule.cluster_shape(D)
+    C, S = schedule.cluster_shape(D, r)
     out, h_all, p_all, aux = schedule.lowrank_forward(
         mode, *(xb[k].float().cpu() for k in ("a", "c", "u", "v", "b", "h0")), C, S, torch.bfloat16)
     got, hT = op.lowrank_cell("gated_tanh", **xb, path="persistent")
     assert rel_error(got, out) < 5e-3 and rel_error(hT, h_all[-1]) < 5e-3
 
 
-@pytest.mark.parametrize("B,D,r,why", [(2, 100, 16, "multiple of 8"), (2, 512, 300, "r above 256"),
+@pytest.mark.parametrize("B,D,r,why", [(2, 100, 16, "multiple of 8"), (2, 512, 330, "r above 320"),
+                                       (2, 2048, 320, "cannot hold one cluster"),
                                        (2, 4096, 16, "above 2048")])
 def test_lowrank_persistent_refuses_outside_design(B, D, r, why):
     x = {k: t.to(torch.bfloat16) for k, t in _lowrank_inputs(2, B, D, r).items()}

@@ -1,10 +1,13 @@
 // The low-rank persistent kernels (E4, E5, E66, E67lr): one launch runs the whole sequence.
 //
-// A cluster of C CTAs (1, 2, 4, 8 or 16) owns 8 batch columns; CTA c owns the state rows
-// I_c = [c S, c S + S) with S = 64 or 128 (rows beyond D are zeros). Both factor slices stay
-// in registers for the whole sequence as mma.sync A fragments (forward: V[:, I_c] as an
-// r x S tile and U[I_c, :] as S x r; backward their transposes), the rank padded to
-// 16, 32, 64, 128 or 256. A forward step t is
+// A cluster of C CTAs (1, 2, 4, 8 or 16; for r above 256 exactly ceil(D / S), 1 to 16) owns 8
+// batch columns; CTA c owns the state rows I_c = [c S, c S + S) with S = 64 or 128 (rows
+// beyond D are zeros). Both factor slices stay on chip for the whole sequence as mma.sync A
+// fragments (forward: V[:, I_c] as an r x S tile and U[I_c, :] as S x r; backward their
+// transposes), the rank padded to 16, 32, 64, 128, 256 or 320. Rank tiles 0-15 are held in
+// registers; tiles 16-19 (r above 256) in shared memory in fragment order, each lane's
+// fragments written and read by that lane alone (one 16-byte load an mma, no barrier). A
+// forward step t is
 //   A. warp w (of 8) multiplies its 16-row tiles w, w + 8 of V[:, I_c] by h_{t-1}[I_c] (bf16
 //      in shared memory, mma m16n8k16, fp32 accumulate): this CTA's partial of p = V h_{t-1};
 //   X. each lane rounds its accumulators to bf16 and st.async's them (8 bytes) into the same
@@ -65,7 +68,8 @@ static_assert(kBc == 8, "one n-tile of batch columns");
 // Inputs come from HBM, about a step's latency away: staged three steps ahead.
 constexpr int kLead = 3;
 constexpr int kStages = kLead + 1;
-constexpr int kMaxR16 = 16;  // rank up to 256
+constexpr int kRegR16 = 16;  // rank tiles held in registers (rank up to 256)
+constexpr int kMaxR16 = 20;  // rank up to 320: tiles 16-19 in shared memory
 constexpr int kMaxCluster = 16;
 
 // Phases of a traced forward step (clock64 of thread 0 of CTA 0 at each boundary): start (h_{t-1}
@@ -83,23 +87,33 @@ __device__ __forceinline__ void stamp(const LowRankPersistent& a, int slot) {
 }
 
 // Shared memory of one CTA: mbarriers [2] | x [8][kX] (h_{t-1}, or d_pre) | p [8][kP] (the
-// summed r-wide vector) | staged inputs [kStages][kIn][8][kX] | receive [2][C][R16][32] uint2.
+// summed r-wide vector) | staged inputs [kStages][kIn][8][kX] | fragments of the rank tiles
+// past kRegR16: stage A's [KA][kExtra * 32] and stage B's [kExtra][KA * 32] uint4 (one a lane)
+// | receive [2][C][R16][32] uint2.
 template <int KA, int R16, bool kBackward>
 struct Layout {
   static constexpr int S = 16 * KA;          // rows per CTA
   static constexpr int RP = 16 * R16;        // padded rank
+  static constexpr int kReg = R16 < kRegR16 ? R16 : kRegR16;  // rank tiles in registers
+  static constexpr int kExtra = R16 - kReg;  // rank tiles in shared memory
+  static_assert(kExtra == 0 || (kReg == kRegR16 && kExtra <= kWarps),
+                "stage A: warp w < kExtra takes rank tile kRegR16 + w");
   static constexpr int kX = S + 8;           // bf16 per column of x and of a staged input
   static constexpr int kP = RP + 8;          // bf16 per column of p
   static constexpr int kIn = kBackward ? 5 : 2;  // forward a, c; backward d_out, c, h_{t-1}, h_t, aux
-  static constexpr int kAM = (R16 + kWarps - 1) / kWarps;  // stage-A tiles per warp
+  static constexpr int kAM = (R16 + kWarps - 1) / kWarps;     // stage-A tiles per warp
+  static constexpr int kAMReg = (kReg + kWarps - 1) / kWarps;  // of them in registers
   static constexpr int kXOff = 16;
   static constexpr int kPOff = kXOff + kBc * kX * 2;
   static constexpr int kStageOff = kPOff + kBc * kP * 2;
   static constexpr int kStageElems = kIn * kBc * kX;
-  static constexpr int kRecvOff = kStageOff + kStages * kStageElems * 2;
+  static constexpr int kFragOff = kStageOff + kStages * kStageElems * 2;
+  static constexpr int kFragA = KA * kExtra * 32;  // uint4 of stage A's shared fragments
+  static constexpr int kRecvOff = kFragOff + (kFragA + kExtra * KA * 32) * 16;
   static constexpr int kTileBytes = 32 * 8;  // one 16-row tile of one source, every lane
   static int bytes(int cluster) { return kRecvOff + 2 * cluster * R16 * kTileBytes; }
-  static_assert(kXOff % 16 == 0 && kPOff % 16 == 0 && kStageOff % 16 == 0 && kRecvOff % 16 == 0,
+  static_assert(kXOff % 16 == 0 && kPOff % 16 == 0 && kStageOff % 16 == 0 && kFragOff % 16 == 0 &&
+                    kRecvOff % 16 == 0,
                 "16-byte aligned regions (cp.async destinations)");
 };
 
@@ -130,6 +144,33 @@ struct Cta {
     return reinterpret_cast<uint2*>(base + L::kRecvOff) + ((buf * C + src) * R16() + tile) * 32;
   }
   __device__ static constexpr int R16() { return L::RP / 16; }
+  // This lane's fragment of stage A's shared rank tile kRegR16 + warp at k-step s (warp <
+  // kExtra), and of stage B's rows at rank k-step kRegR16 + k (warp < KA).
+  __device__ uint4& frag_a(int s) const {
+    return reinterpret_cast<uint4*>(base + L::kFragOff)[s * L::kExtra * 32 + int(threadIdx.x)];
+  }
+  __device__ uint4& frag_b(int k) const {
+    return reinterpret_cast<uint4*>(base + L::kFragOff)[L::kFragA + k * (L::S / 16) * 32 + int(threadIdx.x)];
+  }
+  // The rank tiles past the registers' into this lane's shared fragments: a_elem as wa's
+  // elements, b_elem as wb's (the kernels' load_frags), m and k in the padded rank.
+  template <class AElem, class BElem>
+  __device__ void store_extra_frags(AElem a_elem, BElem b_elem) const {
+    if constexpr (L::kExtra > 0) {
+      uint32_t f[1][L::S / 16][4];
+      if (warp < L::kExtra) {
+        load_frags(f, kRegR16 + warp, kWarps, R16(), a_elem);
+#pragma unroll
+        for (int s = 0; s < L::S / 16; ++s) frag_a(s) = make_uint4(f[0][s][0], f[0][s][1], f[0][s][2], f[0][s][3]);
+      }
+      if (warp < L::S / 16) {
+        uint32_t e[1][L::kExtra][4];
+        load_frags(e, warp, kWarps, L::S / 16, [&](int m, int k) { return b_elem(m, k + 16 * kRegR16); });
+#pragma unroll
+        for (int k = 0; k < L::kExtra; ++k) frag_b(k) = make_uint4(e[0][k][0], e[0][k][1], e[0][k][2], e[0][k][3]);
+      }
+    }
+  }
   // Lanes whose accumulator columns 2q, 2q + 1 hold a live batch column send them.
   __device__ int live_quads() const { return min(4, (nb + 1) / 2); }
   __device__ uint32_t exchange_bytes() const {
@@ -179,11 +220,13 @@ struct Cta {
     return __bfloat162float(stage(step)[(k * kBc + elem_col(e)) * L::kX + elem_row(e)]);
   }
 
-  // A: this warp's tiles of wa times x -> partials, sent to every CTA's buffer `buf`.
+  // A: this warp's tiles of wa (and of the shared fragments) times x -> partials, sent to
+  // every CTA's buffer `buf`.
   template <int KA, int AM>
   __device__ void multiply_and_send(const uint32_t (&wa)[AM][KA][4], int buf) const {
     if (warp >= R16()) return;
-    float acc[AM][2][4] = {};
+    constexpr int kE = L::kExtra > 0 ? 1 : 0;  // the shared tile, accumulated in acc[AM]
+    float acc[AM + kE][2][4] = {};
     const bf16* xs = x() + g * L::kX + 2 * q;
 #pragma unroll
     for (int s = 0; s < KA; ++s) {
@@ -191,14 +234,21 @@ struct Cta {
       const uint32_t b1 = *reinterpret_cast<const uint32_t*>(xs + s * 16 + 8);
 #pragma unroll
       for (int j = 0; j < AM; ++j)
-        if (warp + j * kWarps < R16()) mma(acc[j][s & 1], wa[j][s], b0, b1);
+        if (warp + j * kWarps < L::kReg) mma(acc[j][s & 1], wa[j][s], b0, b1);
+      if constexpr (kE > 0) {
+        if (warp < L::kExtra) {
+          const uint4 f = frag_a(s);
+          const uint32_t a[4] = {f.x, f.y, f.z, f.w};
+          mma(acc[AM][s & 1], a, b0, b1);
+        }
+      }
     }
     if (q >= live_quads()) return;
     const uint32_t bar_local = smem_u32(&bar()[buf]);
 #pragma unroll
-    for (int j = 0; j < AM; ++j) {
-      const int tile = warp + j * kWarps;
-      if (tile >= R16()) continue;
+    for (int j = 0; j < AM + kE; ++j) {
+      const int tile = j < AM ? warp + j * kWarps : kRegR16 + warp;
+      if (j < AM ? tile >= L::kReg : warp >= L::kExtra) continue;
       const uint32_t lo = pack(__float2bfloat16_rn(acc[j][0][0] + acc[j][1][0]),
                                __float2bfloat16_rn(acc[j][0][1] + acc[j][1][1]));
       const uint32_t hi = pack(__float2bfloat16_rn(acc[j][0][2] + acc[j][1][2]),
@@ -270,15 +320,24 @@ struct Cta {
     }
   }
 
-  // B: this warp's 16 rows of wb times p -> the lane's 4 elements (fp32).
-  __device__ void multiply_p(const uint32_t (&wb)[L::RP / 16][4], float (&out)[4]) const {
+  // B: this warp's 16 rows of wb (then of the shared fragments) times p -> the lane's 4
+  // elements (fp32).
+  __device__ void multiply_p(const uint32_t (&wb)[L::kReg][4], float (&out)[4]) const {
     float acc[2][4] = {};
     const bf16* ps = p() + g * L::kP + 2 * q;
 #pragma unroll
-    for (int k = 0; k < L::RP / 16; ++k) {
+    for (int k = 0; k < L::kReg; ++k) {
       const uint32_t b0 = *reinterpret_cast<const uint32_t*>(ps + k * 16);
       const uint32_t b1 = *reinterpret_cast<const uint32_t*>(ps + k * 16 + 8);
       mma(acc[k & 1], wb[k], b0, b1);
+    }
+#pragma unroll
+    for (int k = 0; k < L::kExtra; ++k) {
+      const uint32_t b0 = *reinterpret_cast<const uint32_t*>(ps + (kRegR16 + k) * 16);
+      const uint32_t b1 = *reinterpret_cast<const uint32_t*>(ps + (kRegR16 + k) * 16 + 8);
+      const uint4 f = frag_b(k);
+      const uint32_t a[4] = {f.x, f.y, f.z, f.w};
+      mma(acc[k & 1], a, b0, b1);
     }
 #pragma unroll
     for (int e = 0; e < 4; ++e) out[e] = acc[0][e] + acc[1][e];
@@ -311,15 +370,18 @@ __device__ __forceinline__ void forward(const LowRankPersistent& a) {
   for (int i = 0; i < kLead; ++i) cta.stage_inputs(i, i >= T, B, D, inputs(i));
 
   // A: V[m][row0 + k]; B: U[row0 + m][k].
-  uint32_t wa[L::kAM][KA][4];
-  uint32_t wb[1][R16][4];
+  uint32_t wa[L::kAMReg][KA][4];
+  uint32_t wb[1][L::kReg][4];
   const int row0 = cta.row0;
-  load_frags(wa, cta.warp, kWarps, R16, [&](int m, int k) {
+  const auto a_elem = [&](int m, int k) {
     return m < r && row0 + k < D ? v[size_t(m) * D + row0 + k] : zero;
-  });
-  load_frags(wb, cta.warp, kWarps, KA, [&](int m, int k) {
+  };
+  const auto b_elem = [&](int m, int k) {
     return k < r && row0 + m < D ? u[size_t(row0 + m) * r + k] : zero;
-  });
+  };
+  load_frags(wa, cta.warp, kWarps, L::kReg, a_elem);
+  load_frags(wb, cta.warp, kWarps, KA, b_elem);
+  cta.store_extra_frags(a_elem, b_elem);
 
   for (int o = int(threadIdx.x); o < kBc * L::S; o += kThreads) {
     const int n = o / L::S, i = o % L::S;
@@ -449,15 +511,18 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(LowRankPersistent
   for (int i = 0; i < kLead; ++i) cta.stage_inputs(i, i >= T, B, D, inputs(T - 1 - i));
 
   // A: U[row0 + k][m] (U^T); B: V[k][row0 + m] (V^T).
-  uint32_t wa[L::kAM][KA][4];
-  uint32_t wb[1][R16][4];
+  uint32_t wa[L::kAMReg][KA][4];
+  uint32_t wb[1][L::kReg][4];
   const int row0 = cta.row0;
-  load_frags(wa, cta.warp, kWarps, R16, [&](int m, int k) {
+  const auto a_elem = [&](int m, int k) {
     return m < r && row0 + k < D ? u[size_t(row0 + k) * r + m] : zero;
-  });
-  load_frags(wb, cta.warp, kWarps, KA, [&](int m, int k) {
+  };
+  const auto b_elem = [&](int m, int k) {
     return k < r && row0 + m < D ? v[size_t(k) * D + row0 + m] : zero;
-  });
+  };
+  load_frags(wa, cta.warp, kWarps, L::kReg, a_elem);
+  load_frags(wb, cta.warp, kWarps, KA, b_elem);
+  cta.store_extra_frags(a_elem, b_elem);
 
   const bool epi = cta.warp < KA;
   float greg[4];  // dL/dh_t of this lane's elements, fp32
@@ -520,12 +585,12 @@ __global__ void __launch_bounds__(kThreads, 1) backward_kernel(LowRankPersistent
 // ---- shapes, plan and launch ---------------------------------------------------------------
 using Kernel = void (*)(LowRankPersistent);
 
-// The padded rank's 16-row tiles: 1, 2, 4, 8 or 16 (0: above 256).
+// The padded rank's 16-row tiles: 1, 2, 4, 8, 16 or 20 (0: above 320).
 int rank_tiles(int rank) {
   const int t = (rank + 15) / 16;
-  for (int p = 1; p <= kMaxR16; p *= 2)
+  for (int p = 1; p <= kRegR16; p *= 2)
     if (t <= p) return p;
-  return 0;
+  return t <= kMaxR16 ? kMaxR16 : 0;
 }
 
 // The backward, or the forward, traced or not.
@@ -535,8 +600,8 @@ Kernel pick(int ka, int r16, bool backward, bool traced = false) {
     if (backward) return backward_kernel<KA, R16>;                                              \
     return traced ? forward_kernel<KA, R16, true> : forward_kernel<KA, R16, false>;             \
   }
-  ELMAN_CASE(4, 1) ELMAN_CASE(4, 2) ELMAN_CASE(4, 4) ELMAN_CASE(4, 8) ELMAN_CASE(4, 16)
-  ELMAN_CASE(8, 1) ELMAN_CASE(8, 2) ELMAN_CASE(8, 4) ELMAN_CASE(8, 8) ELMAN_CASE(8, 16)
+  ELMAN_CASE(4, 1) ELMAN_CASE(4, 2) ELMAN_CASE(4, 4) ELMAN_CASE(4, 8) ELMAN_CASE(4, 16) ELMAN_CASE(4, 20)
+  ELMAN_CASE(8, 1) ELMAN_CASE(8, 2) ELMAN_CASE(8, 4) ELMAN_CASE(8, 8) ELMAN_CASE(8, 16) ELMAN_CASE(8, 20)
 #undef ELMAN_CASE
   return nullptr;
 }
@@ -546,7 +611,7 @@ int smem_ka(int r16, int cluster, bool backward) {
   switch (r16) {
 #define ELMAN_CASE(R16) \
   case R16: return backward ? Layout<KA, R16, true>::bytes(cluster) : Layout<KA, R16, false>::bytes(cluster);
-    ELMAN_CASE(1) ELMAN_CASE(2) ELMAN_CASE(4) ELMAN_CASE(8) ELMAN_CASE(16)
+    ELMAN_CASE(1) ELMAN_CASE(2) ELMAN_CASE(4) ELMAN_CASE(8) ELMAN_CASE(16) ELMAN_CASE(20)
 #undef ELMAN_CASE
     default: return 1 << 30;
   }
@@ -559,7 +624,9 @@ int smem_of(int ka, int r16, int cluster, bool backward) {
 
 // The cluster: the fewest CTAs (a power of two, at most 16) of at most 128 rows each, 64 rows
 // a CTA where that covers D. Fewer CTAs exchange fewer partials (each receives C r-wide
-// partials a step); 128 rows keep a warp's chain at 8 mma.
+// partials a step); 128 rows keep a warp's chain at 8 mma. For r above 256 exactly
+// ceil(D / 128) CTAs: the receive buffers (2 C R16 tiles) and the shared fragments then fit
+// (D = 1280, r = 320: 10 CTAs of 182 KiB; 16 would need 242 KiB).
 LowRankPlan lowrank_persistent_plan(int batch, int dim, int rank, bool bf16) {
   LowRankPlan plan;
   if (batch < 1 || dim < 1 || rank < 1) {
@@ -576,11 +643,12 @@ LowRankPlan lowrank_persistent_plan(int batch, int dim, int rank, bool bf16) {
   }
   const int r16 = rank_tiles(rank);
   if (r16 == 0) {
-    plan.reason = "r above 256 (the factor slices are held in registers)";
+    plan.reason = "r above 320 (the factor slices are held on chip)";
     return plan;
   }
   int cluster = 1;
   while (cluster * 128 < dim) cluster *= 2;
+  if (r16 > kRegR16) cluster = (dim + 127) / 128;
   if (cluster > 16) {
     plan.reason = "D above 2048 (at most 16 CTAs of 128 rows)";
     return plan;

@@ -95,7 +95,7 @@ struct LowRankPlan {
 };
 
 // Whether (and how) the persistent kernels take this size: bf16, D a multiple of 8 up to
-// 2048, r up to 256; both directions must fit. The launchers are instantiated for __nv_bfloat16.
+// 2048, r up to 320; both directions must fit. The launchers are instantiated for __nv_bfloat16.
 LowRankPlan lowrank_persistent_plan(int batch, int dim, int rank, bool bf16);
 
 template <typename T>

@@ -18,8 +18,9 @@ kernels of lib/csrc/twogemm. Paths: `persistent` (bf16; one launch runs the whol
 on a thread-block cluster whose CTAs own slices of the state and hold their weight slices in
 registers as tensor-core fragments, exchanging by st.async into every peer with no cluster
 barrier a step. Low-rank: 64- or 128-row slices of U and V, only the r-wide partial sums of
-V h and of d_pre U cross the cluster; D a multiple of 8 up to 2048, r up to 256
-(lib/csrc/twogemm/persistent.cu). E23: 32-row slices of W_h and W_wr, each thread one state
+V h and of d_pre U cross the cluster; D a multiple of 8 up to 2048, r up to 256 (rank tiles in
+registers), r up to 320 with the four rank tiles past 256 in shared memory where the cluster
+fits (D up to 1408; lib/csrc/twogemm/persistent.cu). E23: 32-row slices of W_h and W_wr, each thread one state
 element and its tape column on chip, two exchanges a step (w_t with the N write-score
 partials, then the scalar u . w_t from which the next read scores follow as
 (1 - beta) W + beta u . w); D <= 512, N <= 32 (lib/csrc/twogemm/tape_persistent.cu); its
