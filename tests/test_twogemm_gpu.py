@@ -270,6 +270,7 @@ def test_auto_takes_lowrank_persistent_not_tape():
     (D <= 512, N <= 32); E23 at N = 128 or D = 1024 and fp32 take the graph path."""
     assert op.plan("auto", 4, 512, torch.bfloat16, rank=128) == "persistent"
     assert op.plan("auto", 64, 1024, torch.bfloat16, rank=256) == "persistent"
+    assert op.plan("auto", 32, 1280, torch.bfloat16, rank=320) == "persistent"  # E66 at 100M
     assert op.plan("auto", 4, 512, torch.float32, rank=128) == "graph"
     assert op.plan("auto", 4, 512, torch.bfloat16, slots=8) == "persistent"
     assert op.plan("auto", 64, 256, torch.bfloat16, slots=32) == "persistent"
