@@ -40,7 +40,27 @@ def _runs(text: str) -> list[tuple[str, str]]:
 def test_job_files_hold_every_row_at_seed_42_and_e1_at_seed_43():
     for table in ("50m", "100m"):
         runs = _runs((ROOT / "scripts" / f"train_{table}.jobs").read_text())
-        assert runs == [(lv, "42") for lv in leaderboard.TABLES[table].levels] + [("E1", "43")]
+        t = leaderboard.TABLES[table]
+        assert runs == [(lv, "42") for lv in t.levels] + [("E1", "43")] + [(lv, "42") for lv in t.further]
+    assert len(leaderboard.TABLES["100m"].further) == 18
+
+
+def test_every_job_builds_at_its_width_with_the_count_it_states():
+    """Each line of the committed job files builds its model (on the meta device) with the
+    parameter count of the comment above it: no width a constructor refuses reaches a GPU."""
+    import torch
+    from elman.training.lm import LadderLM
+    for table in ("50m", "100m"):
+        lines = (ROOT / "scripts" / f"train_{table}.jobs").read_text().splitlines()
+        for comment, line in zip(lines, lines[1:]):
+            if not line.startswith("python3"):
+                continue
+            arg = lambda name: re.search(rf"--{name} (\S+)", line).group(1)  # noqa: E731
+            with torch.device("meta"):
+                m = LadderLM(arg("level"), int(arg("dim")), int(arg("depth")),
+                             expansion=float(arg("expansion")), backend="reference")
+            stated = int(re.search(r": ([\d,]+) parameters", comment).group(1).replace(",", ""))
+            assert sum(p.numel() for p in m.parameters()) == stated, line
 
 
 def _row(level, seed, val_bits):

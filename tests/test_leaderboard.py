@@ -82,6 +82,19 @@ def test_board_ranks_models_at_seed_42_and_measures_seed_noise(tmp_path):
     assert math.isclose(gaps[1]["two_se"], 2 * math.sqrt(2) * 0.002)
 
 
+def test_further_rows_join_the_100m_table_and_are_listed_apart_while_missing(tmp_path):
+    recs = [_record("E1", 1.8, "100m", dim=640), _record("gru", 2.0, "100m", dim=384)]
+    (_, b), _ = _boards(tmp_path, recs)
+    t = lb.TABLES["100m"]
+    assert [r["level"] for r in b.ranked] == ["E1", "gru"]
+    assert b.missing == [lv for lv in t.rows if lv not in ("E1", "gru")]
+    line = [l for l in lb.status([b], []).splitlines() if "100M" in l][0]
+    assert f"2 of {len(t.rows)} models" in line
+    seed_part, further_part = line.split("further variants not run yet: ")
+    assert "E0" in further_part and "gru" not in further_part and "E0" not in seed_part
+    assert "mamba2" in seed_part and "E1," not in seed_part
+
+
 def test_the_later_run_of_a_model_and_seed_counts(tmp_path):
     rows = _write(tmp_path / "20270101T000000Z_a_h100", [_record("E1", 1.9)])
     rows += _write(tmp_path / "20270102T000000Z_b_h100", [_record("E1", 1.7)])
@@ -171,7 +184,7 @@ def test_seed_table_and_status(tmp_path):
     assert lb.seed_table(b100) is None
     text = lb.status([b, b100], others)
     assert "**50M table**: 1 of 11 models measured; several seeds: E1_d1280x6 x2; not run yet: E0," in text
-    assert "2 different GPUs" in text and "**100M table**: 0 of 16 models measured" in text
+    assert "2 different GPUs" in text and "**100M table**: 0 of 34 models measured" in text
     assert "Pinned but in neither table: E0_d1280x6" in text
 
 

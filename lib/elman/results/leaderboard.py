@@ -2,7 +2,8 @@
 
 Two tables, each one protocol (scripts/make_jobs.py writes their jobs): the 50M table (depth 6,
 batch 64) and the 100M table (depth 20, batch 32), both T 512, lr 3e-4, 10 minutes, on the
-jobs' corpus. A record belongs to a table when its configuration is the table's: depth, global
+jobs' corpus. The 100M table also holds every other registered variant (and the GRU and LSTM
+baselines) as `further` rows, run at its protocol after the seed study's. A record belongs to a table when its configuration is the table's: depth, global
 batch, sequence length, minutes, learning rate and the name of its data file (`membership`);
 any other record is listed apart with the reason; a level outside a table's list joins the
 table when its record matches the protocol. Within a table a model is a level at one
@@ -38,11 +39,16 @@ class Table:
     title: str
     depth: int
     batch: int  # global: per-GPU batch x world size
-    levels: tuple[str, ...]
+    levels: tuple[str, ...]             # the seed study's rows
     seed_configs: tuple[str, ...] = ()  # configs of book/data/seed_results.csv this table compares with
     seq: int = 512
     minutes: float | None = 10.0
     lr: float = 3e-4
+    further: tuple[str, ...] = ()       # rows beyond the seed study's, run after them
+
+    @property
+    def rows(self) -> tuple[str, ...]:
+        return self.levels + self.further
 
 
 TABLES = {
@@ -52,7 +58,9 @@ TABLES = {
     "100m": Table("100m", "100M table", 20, 32,
                   ("fla-gdn", "mamba2", "E68", "E67", "E1", "E42", "E56", "E65", "E64", "llama",
                    "E61", "E63", "E62", "E66", "E88d_h12", "E75"),
-                  ("100M",)),
+                  ("100M",),
+                  further=("E0", "E4", "E5", "E14", "E23", "E33", "E34", "E36", "E37v2", "E38", "E39",
+                           "E70", "E71", "E72", "E73", "E74v2", "gru", "lstm")),
 }
 
 
@@ -77,7 +85,7 @@ SPELLINGS = {"e37": "E37v2"}
 def table_level(table: Table, level: str) -> str:
     """The table's spelling of `level` (E37v2 for the registry's E37), else `level`."""
     name = SPELLINGS.get(level.lower(), level).lower()
-    return next((lv for lv in table.levels if lv.lower() == name), level)
+    return next((lv for lv in table.rows if lv.lower() == name), level)
 
 
 def membership(rows: list[dict]) -> tuple[dict[str, list[dict]], list[tuple[dict, str]]]:
@@ -122,7 +130,7 @@ class Board:
     rows: list[dict]                    # every run of the table, all seeds
     ranked: list[dict]                  # one row a model (its seed-42 run), by validation bits/byte
     seeds: dict[tuple, dict[int, dict]]  # model (model_key) -> seed -> row
-    missing: list[str]                  # the table's levels with no run
+    missing: list[str]                  # the table's rows (levels, then further) with no run
     noise: float | None                 # the largest seed-to-seed difference, bits/byte
 
 
@@ -135,7 +143,7 @@ def board(table: Table, rows: list[dict]) -> Board:
     ranked = sorted(primary, key=lambda r: (bits(r) is None, bits(r) or 0.0))
     measured = {r["level"].lower() for r in ranked}
     diffs = [d for d in (seed_difference(runs) for runs in seeds.values()) if d is not None]
-    return Board(table, rows, ranked, seeds, [lv for lv in table.levels if lv.lower() not in measured],
+    return Board(table, rows, ranked, seeds, [lv for lv in table.rows if lv.lower() not in measured],
                  max(diffs) if diffs else None)
 
 
@@ -294,7 +302,7 @@ def preflight_table(b: Board, profiles: list[dict]) -> str | None:
     if not latest:
         return None
     runs = {(r["level"], r["dim"], r.get("expansion")): r for r in b.ranked}
-    order = {lv: i for i, lv in enumerate(t.levels)}
+    order = {lv: i for i, lv in enumerate(t.rows)}
     lines = ["| model | params | tokens/s | 10-minute run's tokens/s | step ms | peak GiB | kernel paths |",
              "|---|---|---|---|---|---|---|"]
     for (level, dim, e), r in sorted(latest.items(), key=lambda kv: (order.get(kv[0][0], len(order)), kv[0])):
@@ -361,11 +369,17 @@ def status(bs: list[Board], others: list[tuple[dict, str]]) -> str:
     pinned train records of neither table."""
     lines = []
     for b in bs:
-        n, m = len(b.ranked), len(b.table.levels)
+        n, m = len(b.ranked), len(b.table.rows)
         second = [f"{runs[min(runs)]['name']} x{len(runs)}" for runs in b.seeds.values() if len(runs) > 1]
         line = f"- **{b.table.title}**: {n} of {m} models measured"
         line += f"; several seeds: {', '.join(second)}" if second else ""
-        line += f"; not run yet: {', '.join(b.missing)}." if b.missing else "."
+        seed_rows = [lv for lv in b.missing if lv in b.table.levels]
+        further = [lv for lv in b.missing if lv not in b.table.levels]
+        if seed_rows:
+            line += f"; not run yet: {', '.join(seed_rows)}"
+        if further:
+            line += f"; further variants not run yet: {', '.join(further)}"
+        line += "."
         for what, key in (("data files", "data_sha256"), ("GPUs", "gpu")):
             kinds = sorted({str(r.get(key)) for r in b.rows})
             if len(kinds) > 1:
