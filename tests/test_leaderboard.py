@@ -87,9 +87,9 @@ def test_further_rows_join_the_100m_table_and_are_listed_apart_while_missing(tmp
     (_, b), _ = _boards(tmp_path, recs)
     t = lb.TABLES["100m"]
     assert [r["level"] for r in b.ranked] == ["E1", "gru"]
-    assert b.missing == [lv for lv in t.rows if lv not in ("E1", "gru")]
+    assert b.missing == [lv for lv in t.all_levels if lv not in ("E1", "gru")]
     line = [l for l in lb.status([b], []).splitlines() if "100M" in l][0]
-    assert f"2 of {len(t.rows)} models" in line
+    assert f"2 of {len(t.all_levels)} models" in line
     seed_part, further_part = line.split("further variants not run yet: ")
     assert "E0" in further_part and "gru" not in further_part and "E0" not in seed_part
     assert "mamba2" in seed_part and "E1," not in seed_part

@@ -47,7 +47,7 @@ class Table:
     further: tuple[str, ...] = ()       # rows beyond the seed study's, run after them
 
     @property
-    def rows(self) -> tuple[str, ...]:
+    def all_levels(self) -> tuple[str, ...]:
         return self.levels + self.further
 
 
@@ -85,7 +85,7 @@ SPELLINGS = {"e37": "E37v2"}
 def table_level(table: Table, level: str) -> str:
     """The table's spelling of `level` (E37v2 for the registry's E37), else `level`."""
     name = SPELLINGS.get(level.lower(), level).lower()
-    return next((lv for lv in table.rows if lv.lower() == name), level)
+    return next((lv for lv in table.all_levels if lv.lower() == name), level)
 
 
 def membership(rows: list[dict]) -> tuple[dict[str, list[dict]], list[tuple[dict, str]]]:
@@ -143,7 +143,7 @@ def board(table: Table, rows: list[dict]) -> Board:
     ranked = sorted(primary, key=lambda r: (bits(r) is None, bits(r) or 0.0))
     measured = {r["level"].lower() for r in ranked}
     diffs = [d for d in (seed_difference(runs) for runs in seeds.values()) if d is not None]
-    return Board(table, rows, ranked, seeds, [lv for lv in table.rows if lv.lower() not in measured],
+    return Board(table, rows, ranked, seeds, [lv for lv in table.all_levels if lv.lower() not in measured],
                  max(diffs) if diffs else None)
 
 
@@ -302,7 +302,7 @@ def preflight_table(b: Board, profiles: list[dict]) -> str | None:
     if not latest:
         return None
     runs = {(r["level"], r["dim"], r.get("expansion")): r for r in b.ranked}
-    order = {lv: i for i, lv in enumerate(t.rows)}
+    order = {lv: i for i, lv in enumerate(t.all_levels)}
     lines = ["| model | params | tokens/s | 10-minute run's tokens/s | step ms | peak GiB | kernel paths |",
              "|---|---|---|---|---|---|---|"]
     for (level, dim, e), r in sorted(latest.items(), key=lambda kv: (order.get(kv[0][0], len(order)), kv[0])):
@@ -369,7 +369,7 @@ def status(bs: list[Board], others: list[tuple[dict, str]]) -> str:
     pinned train records of neither table."""
     lines = []
     for b in bs:
-        n, m = len(b.ranked), len(b.table.rows)
+        n, m = len(b.ranked), len(b.table.all_levels)
         second = [f"{runs[min(runs)]['name']} x{len(runs)}" for runs in b.seeds.values() if len(runs) > 1]
         line = f"- **{b.table.title}**: {n} of {m} models measured"
         line += f"; several seeds: {', '.join(second)}" if second else ""
