@@ -134,16 +134,16 @@ print(' '.join(e.name for e in registry.entries('variant', '$f')))") || ok=1
 }
 bench_stage() { python3 -m elman bench --primitives ${QUICK:+--quick} ${BENCH_ARGS:-}; }
 # compute-sanitizer on the persistent kernels: memcheck through the op (Python, every D the
-# kernels take), then racecheck from a plain CUDA program (scripts/sanitize_persistent.cu: the
-# parity suite's persistent shapes). Under a Python process that has loaded torch, racecheck
-# of CUDA 13.0 stops with an internal error on these kernels (seen on the H100 host); from the
-# plain program it checks them. A hazard or an error fails the stage.
+# dense kernels take), then racecheck from a plain CUDA program (scripts/sanitize_persistent.cu:
+# the parity suites' persistent shapes, dense and low-rank). Under a Python process that has
+# loaded torch, racecheck of CUDA 13.0 stops with an internal error on these kernels (seen on
+# the H100 host); from the plain program it checks them. A hazard or an error fails the stage.
 sanitize() {
   local cs; cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   "$cs" --tool memcheck --error-exitcode 1 python3 scripts/sanitize_persistent.py || return 1
   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -lineinfo -gencode=arch=compute_90a,code=sm_90a \
     -Ilib/csrc scripts/sanitize_persistent.cu lib/csrc/dense/persistent.cu lib/csrc/dense/steps.cu \
-    -o /tmp/sanitize_persistent || return 1
+    lib/csrc/twogemm/persistent.cu -o /tmp/sanitize_persistent || return 1
   timeout 540 "$cs" --tool racecheck --racecheck-report hazard --error-exitcode 1 \
     /tmp/sanitize_persistent
 }

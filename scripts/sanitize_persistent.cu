@@ -1,12 +1,13 @@
-// The persistent forward and backward kernels from a plain CUDA program (no Python, no
-// torch), for compute-sanitizer's racecheck: under a Python process that has loaded torch,
-// racecheck of CUDA 13.0 stops with an internal error on these kernels; from this program it
-// checks them. gpu_pass.sh's `sanitize` stage builds and runs it:
+// The persistent forward and backward kernels (the dense family's and the low-rank ones of
+// the two-GEMM family) from a plain CUDA program (no Python, no torch), for compute-sanitizer's
+// racecheck: under a Python process that has loaded torch, racecheck of CUDA 13.0 stops with an
+// internal error on these kernels; from this program it checks them. gpu_pass.sh's `sanitize`
+// stage builds and runs it:
 //
 //   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -lineinfo -gencode=arch=compute_90a,code=sm_90a \
 //     -Ilib/csrc scripts/sanitize_persistent.cu lib/csrc/dense/persistent.cu \
-//     lib/csrc/dense/steps.cu -o sanitize_persistent
-//   compute-sanitizer --tool racecheck --error-exitcode 1 ./sanitize_persistent [T,B,D ...]
+//     lib/csrc/dense/steps.cu lib/csrc/twogemm/persistent.cu -o sanitize_persistent
+//   compute-sanitizer --tool racecheck --error-exitcode 1 ./sanitize_persistent [T,B,D | T,B,D,r ...]
 //
 // Each shape runs the forward, then the backward on its h_all, on random bf16 inputs. The
 // default shapes are the parity suite's that take the persistent path (the dense family's
@@ -14,7 +15,10 @@
 // state buffers' barriers, which is all the protocol has; racecheck is slow. The grid design
 // (D = 2048) runs with T = 4 (three fetches reach both phases of its barriers) at 8 and 16
 // batch columns (its mma.sync multiply, one and two n-tiles) and at 32 and 64 (wgmma). The
-// epilogue is E0/E1's (tanh_silu_gate, one gate input z).
+// epilogue is E0/E1's (tanh_silu_gate, one gate input z). A shape with a fourth number r is a
+// low-rank one (gated_tanh, the mode whose backward stages all five inputs): by default the
+// parity suite's persistent edges with T cut to 5, among them rank tiles in shared memory
+// (r above 256) on one 64-row CTA and on a 10-CTA cluster.
 #include <cuda_bf16.h>
 
 #include <cstdio>
@@ -23,17 +27,21 @@
 
 #include "dense/dense.h"
 #include "dense/epilogues.cuh"
+#include "twogemm/twogemm.h"
 
 namespace {
 
-struct Shape { int T, B, D; };
+struct Shape { int T, B, D, r; };  // r = 0: dense
 const Shape kDefault[] = {{6, 4, 256}, {6, 5, 512}, {6, 16, 1024}, {6, 64, 512},
                           {5, 8, 768}, {6, 64, 1024}, {4, 130, 1024}, {4, 5, 2048},
-                          {4, 16, 2048}, {4, 20, 2048}, {4, 64, 2048}};
+                          {4, 16, 2048}, {4, 20, 2048}, {4, 64, 2048},
+                          {1, 1, 48, 5}, {5, 3, 200, 17}, {5, 9, 520, 64}, {5, 4, 512, 128},
+                          {5, 2, 1024, 256}, {5, 3, 768, 256}, {3, 2, 2048, 128},
+                          {5, 2, 1280, 320}, {4, 9, 1160, 320}, {3, 1, 48, 300}};
 
 bool check(cudaError_t e, const char* what, const Shape& s) {
   if (e == cudaSuccess) return true;
-  std::fprintf(stderr, "T=%d B=%d D=%d: %s: %s\n", s.T, s.B, s.D, what, cudaGetErrorString(e));
+  std::fprintf(stderr, "T=%d B=%d D=%d r=%d: %s: %s\n", s.T, s.B, s.D, s.r, what, cudaGetErrorString(e));
   return false;
 }
 
@@ -52,7 +60,7 @@ __nv_bfloat16* random_bf16(size_t n, float scale, unsigned& seed) {
 
 constexpr int kEpilogue = elman::TanhSiluGate<true>::kId;
 
-bool run(const Shape& s) {
+bool run_dense(const Shape& s) {
   const auto fwd = elman::dense_persistent_plan(kEpilogue, s.B, s.D, false);
   const auto bwd = elman::dense_persistent_plan(kEpilogue, s.B, s.D, true);
   if (!fwd.ok || !bwd.ok) {
@@ -101,20 +109,65 @@ bool run(const Shape& s) {
   return ok;
 }
 
+bool run_lowrank(const Shape& s) {
+  const auto plan = elman::lowrank_persistent_plan(s.B, s.D, s.r, true);
+  if (!plan.ok) {
+    std::fprintf(stderr, "T=%d B=%d D=%d r=%d: the persistent kernels do not take it: %s\n", s.T,
+                 s.B, s.D, s.r, plan.reason);
+    return false;
+  }
+  unsigned seed = 2;
+  const size_t tbd = size_t(s.T) * s.B * s.D, bd = size_t(s.B) * s.D, tbr = size_t(s.T) * s.B * s.r;
+  std::vector<void*> owned;
+  auto input = [&](size_t n, float scale) { owned.push_back(random_bf16(n, scale, seed)); return owned.back(); };
+  auto output = [&](size_t bytes) { void* p = nullptr; cudaMalloc(&p, bytes); owned.push_back(p); return p; };
+  elman::LowRankPersistent a = {};
+  a.mode = elman::kGatedTanh; a.steps = s.T; a.batch = s.B; a.dim = s.D; a.rank = s.r;
+  a.a = input(tbd, 1.f);
+  a.c = input(tbd, 2.f);
+  a.u = input(size_t(s.D) * s.r, 2.f / float(s.r));
+  a.v = input(size_t(s.r) * s.D, 2.f / float(s.D));
+  a.b = input(s.D, 0.2f);
+  a.h0 = input(bd, 1.f);
+  a.d_out = input(tbd, 1.f);
+  a.d_hT = input(bd, 1.f);
+  a.out = output(tbd * 2);
+  a.h_all = output((tbd + bd) * 2);
+  a.p_all = output(tbr * 2);
+  a.aux = output(tbd * 2);
+  a.d_pre = output(tbd * 2);
+  a.d_c = output(tbd * 2);
+  a.dp_all = output(tbr * 2);
+  a.dh0 = output(bd * 2);
+  for (void* p : owned)
+    if (p == nullptr) return check(cudaErrorMemoryAllocation, "allocation", s);
+  bool ok = check(elman::lowrank_persistent_forward<__nv_bfloat16>(plan, a), "forward", s) &&
+            check(cudaDeviceSynchronize(), "forward", s) &&
+            check(elman::lowrank_persistent_backward<__nv_bfloat16>(plan, a), "backward", s) &&
+            check(cudaDeviceSynchronize(), "backward", s);
+  if (ok)
+    std::printf("T=%d B=%d D=%d r=%d (low-rank: %d clusters of %d CTAs of %d rows, rank tiles %d): "
+                "forward + backward ran\n",
+                s.T, s.B, s.D, s.r, plan.clusters, plan.cluster, 16 * plan.ka, plan.r16);
+  for (void* p : owned) cudaFree(p);
+  return ok;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<Shape> shapes;
   for (int i = 1; i < argc; ++i) {
     Shape s{};
-    if (std::sscanf(argv[i], "%d,%d,%d", &s.T, &s.B, &s.D) != 3 || s.T < 1 || s.B < 1) {
-      std::fprintf(stderr, "usage: %s [T,B,D ...]   (got '%s')\n", argv[0], argv[i]);
+    const int n = std::sscanf(argv[i], "%d,%d,%d,%d", &s.T, &s.B, &s.D, &s.r);
+    if (n < 3 || s.T < 1 || s.B < 1 || (n == 4 && s.r < 1)) {
+      std::fprintf(stderr, "usage: %s [T,B,D | T,B,D,r ...]   (got '%s')\n", argv[0], argv[i]);
       return 2;
     }
     shapes.push_back(s);
   }
   if (shapes.empty()) shapes.assign(std::begin(kDefault), std::end(kDefault));
   int failed = 0;
-  for (const Shape& s : shapes) failed += !run(s);
+  for (const Shape& s : shapes) failed += !(s.r > 0 ? run_lowrank(s) : run_dense(s));
   return failed ? 1 : 0;
 }

@@ -1,5 +1,7 @@
-"""Small persistent forward + backward runs through the op (every D the kernel takes, odd B,
-one cluster and several) for compute-sanitizer's memcheck; gpu_pass.sh's `sanitize` stage runs
+"""Small persistent forward + backward runs through the ops (the dense family's: every D the
+kernel takes, odd B, one cluster and several; the low-rank ones: every rank-tile count, a
+partly filled last CTA, rank tiles in shared memory) for compute-sanitizer's memcheck;
+gpu_pass.sh's `sanitize` stage runs
 
     compute-sanitizer --tool memcheck python scripts/sanitize_persistent.py
 
@@ -12,9 +14,12 @@ import sys
 import torch
 
 from elman.families.dense import inputs, op as dense
+from elman.families.twogemm import op as twogemm
 
 SHAPES = ((5, 3, 512), (4, 20, 1024), (3, 9, 256), (3, 17, 768), (3, 5, 2048), (3, 13, 2048),
           (4, 20, 2048), (3, 64, 2048), (3, 5, 384), (3, 20, 1152), (3, 64, 1920))
+LOW_RANK = ((3, 1, 48, 5), (3, 3, 200, 17), (3, 9, 520, 64), (3, 4, 512, 128), (3, 2, 1024, 256),
+            (3, 2, 2048, 128), (3, 2, 1280, 320), (3, 9, 1160, 320), (3, 1, 48, 300))
 
 
 def main() -> int:
@@ -28,6 +33,15 @@ def main() -> int:
         torch.cuda.synchronize()
         assert dense.last_path == {"forward": "persistent", "backward": "persistent"}, dense.last_path
         print(f"T={T} B={B} D={D}: persistent forward + backward ran", flush=True)
+    for T, B, D, r in LOW_RANK:
+        kw = {k: (torch.randn(*shape, device="cuda", generator=g) * scale).to(torch.bfloat16).requires_grad_()
+              for k, shape, scale in (("a", (T, B, D), 1.0), ("c", (T, B, D), 1.0), ("u", (D, r), r ** -0.5),
+                                      ("v", (r, D), D ** -0.5), ("b", (D,), 0.1), ("h0", (B, D), 0.5))}
+        out, h = twogemm.lowrank_cell("gated_tanh", **kw, path="persistent")
+        (out.float().sum() + h.float().sum()).backward()
+        torch.cuda.synchronize()
+        assert twogemm.last_path == {"forward": "persistent", "backward": "persistent"}, twogemm.last_path
+        print(f"T={T} B={B} D={D} r={r}: low-rank persistent forward + backward ran", flush=True)
     return 0
 
 

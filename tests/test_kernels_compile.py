@@ -100,13 +100,15 @@ def test_toy_epilogues_instantiate_every_path(tmp_path: Path):
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH: the kernels' compile check needs it")
 def test_sanitize_program_builds_and_checks_its_arguments(tmp_path: Path):
     """scripts/sanitize_persistent.cu (the racecheck of gpu_pass.sh's sanitize stage) links
-    against the persistent kernels through dense.h alone, and refuses a malformed shape."""
+    against the persistent kernels through dense.h and twogemm.h alone, and refuses a
+    malformed shape."""
     exe = tmp_path / "sanitize_persistent"
     proc = subprocess.run([NVCC, *[f for f in FLAGS if f not in ("-c", "-Xptxas", "-v")],
                            str(ROOT / "scripts" / "sanitize_persistent.cu"),
                            str(CSRC / "dense" / "persistent.cu"), str(CSRC / "dense" / "steps.cu"),
-                           "-o", str(exe)],
+                           str(CSRC / "twogemm" / "persistent.cu"), "-o", str(exe)],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-8000:]
-    bad = subprocess.run([str(exe), "4,64"], capture_output=True, text=True, timeout=60)
-    assert bad.returncode == 2 and "usage" in bad.stderr, (bad.returncode, bad.stderr)
+    for shape in ("4,64", "4,8,512,0"):
+        bad = subprocess.run([str(exe), shape], capture_output=True, text=True, timeout=60)
+        assert bad.returncode == 2 and "usage" in bad.stderr, (shape, bad.returncode, bad.stderr)
