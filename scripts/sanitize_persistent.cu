@@ -58,6 +58,32 @@ __nv_bfloat16* random_bf16(size_t n, float scale, unsigned& seed) {
   return dev;
 }
 
+// The device buffers of one run, freed together: random bf16 inputs (seeded per run) and
+// uninitialised outputs; ok() is false where an allocation failed.
+struct Buffers {
+  std::vector<void*> owned;
+  unsigned seed;
+  explicit Buffers(unsigned s) : seed(s) {}
+  ~Buffers() {
+    for (void* p : owned) cudaFree(p);
+  }
+  void* input(size_t n, float scale) {
+    owned.push_back(random_bf16(n, scale, seed));
+    return owned.back();
+  }
+  void* output(size_t bytes) {
+    void* p = nullptr;
+    if (cudaMalloc(&p, bytes) != cudaSuccess) p = nullptr;
+    owned.push_back(p);
+    return p;
+  }
+  bool ok() const {
+    for (void* p : owned)
+      if (p == nullptr) return false;
+    return true;
+  }
+};
+
 constexpr int kEpilogue = elman::TanhSiluGate<true>::kId;
 
 bool run_dense(const Shape& s) {
@@ -68,24 +94,20 @@ bool run_dense(const Shape& s) {
                  s.D, fwd.ok ? bwd.reason : fwd.reason);
     return false;
   }
-  unsigned seed = 1;
   const size_t tbd = size_t(s.T) * s.B * s.D, bd = size_t(s.B) * s.D;
-  std::vector<void*> owned;
-  auto input = [&](size_t n, float scale) { owned.push_back(random_bf16(n, scale, seed)); return owned.back(); };
-  auto output = [&](size_t bytes) { void* p = nullptr; cudaMalloc(&p, bytes); owned.push_back(p); return p; };
-  void* wx = input(tbd, 1.f);
-  void* z = input(tbd, 2.f);
-  void* w = input(size_t(s.D) * s.D, 16.f / float(s.D));
-  void* b = input(s.D, 0.2f);
-  void* h0 = input(bd, 1.f);
-  void* d_out = input(tbd, 1.f);
-  void* d_hT = input(bd, 1.f);
-  void* out = output(tbd * 2);
-  void* h_all = output((tbd + bd) * 2);
-  void *dv = output(tbd * 2), *dz = output(tbd * 2), *dh0 = output(bd * 2);
-  void *xf = output(fwd.xchg_bytes), *xb = output(bwd.xchg_bytes);
-  for (void* p : owned)
-    if (p == nullptr) return check(cudaErrorMemoryAllocation, "allocation", s);
+  Buffers m(1);
+  void* wx = m.input(tbd, 1.f);
+  void* z = m.input(tbd, 2.f);
+  void* w = m.input(size_t(s.D) * s.D, 16.f / float(s.D));
+  void* b = m.input(s.D, 0.2f);
+  void* h0 = m.input(bd, 1.f);
+  void* d_out = m.input(tbd, 1.f);
+  void* d_hT = m.input(bd, 1.f);
+  void* out = m.output(tbd * 2);
+  void* h_all = m.output((tbd + bd) * 2);
+  void *dv = m.output(tbd * 2), *dz = m.output(tbd * 2), *dh0 = m.output(bd * 2);
+  void *xf = m.output(fwd.xchg_bytes), *xb = m.output(bwd.xchg_bytes);
+  if (!m.ok()) return check(cudaErrorMemoryAllocation, "allocation", s);
   elman::DenseForward f;
   f.steps = s.T; f.batch = s.B; f.dim = s.D;
   f.wx = wx; f.gates[0] = z; f.w_h = w; f.b = b; f.h0 = h0; f.out = out; f.h_all = h_all;
@@ -105,7 +127,6 @@ bool run_dense(const Shape& s) {
     std::printf("T=%d B=%d D=%d (%s design: %d clusters of %d CTAs, %d batch columns each): "
                 "forward + backward ran\n",
                 s.T, s.B, s.D, fwd.design, fwd.clusters, fwd.cluster, fwd.bc);
-  for (void* p : owned) cudaFree(p);
   return ok;
 }
 
@@ -116,31 +137,27 @@ bool run_lowrank(const Shape& s) {
                  s.B, s.D, s.r, plan.reason);
     return false;
   }
-  unsigned seed = 2;
   const size_t tbd = size_t(s.T) * s.B * s.D, bd = size_t(s.B) * s.D, tbr = size_t(s.T) * s.B * s.r;
-  std::vector<void*> owned;
-  auto input = [&](size_t n, float scale) { owned.push_back(random_bf16(n, scale, seed)); return owned.back(); };
-  auto output = [&](size_t bytes) { void* p = nullptr; cudaMalloc(&p, bytes); owned.push_back(p); return p; };
+  Buffers m(2);
   elman::LowRankPersistent a = {};
   a.mode = elman::kGatedTanh; a.steps = s.T; a.batch = s.B; a.dim = s.D; a.rank = s.r;
-  a.a = input(tbd, 1.f);
-  a.c = input(tbd, 2.f);
-  a.u = input(size_t(s.D) * s.r, 2.f / float(s.r));
-  a.v = input(size_t(s.r) * s.D, 2.f / float(s.D));
-  a.b = input(s.D, 0.2f);
-  a.h0 = input(bd, 1.f);
-  a.d_out = input(tbd, 1.f);
-  a.d_hT = input(bd, 1.f);
-  a.out = output(tbd * 2);
-  a.h_all = output((tbd + bd) * 2);
-  a.p_all = output(tbr * 2);
-  a.aux = output(tbd * 2);
-  a.d_pre = output(tbd * 2);
-  a.d_c = output(tbd * 2);
-  a.dp_all = output(tbr * 2);
-  a.dh0 = output(bd * 2);
-  for (void* p : owned)
-    if (p == nullptr) return check(cudaErrorMemoryAllocation, "allocation", s);
+  a.a = m.input(tbd, 1.f);
+  a.c = m.input(tbd, 2.f);
+  a.u = m.input(size_t(s.D) * s.r, 2.f / float(s.r));
+  a.v = m.input(size_t(s.r) * s.D, 2.f / float(s.D));
+  a.b = m.input(s.D, 0.2f);
+  a.h0 = m.input(bd, 1.f);
+  a.d_out = m.input(tbd, 1.f);
+  a.d_hT = m.input(bd, 1.f);
+  a.out = m.output(tbd * 2);
+  a.h_all = m.output((tbd + bd) * 2);
+  a.p_all = m.output(tbr * 2);
+  a.aux = m.output(tbd * 2);
+  a.d_pre = m.output(tbd * 2);
+  a.d_c = m.output(tbd * 2);
+  a.dp_all = m.output(tbr * 2);
+  a.dh0 = m.output(bd * 2);
+  if (!m.ok()) return check(cudaErrorMemoryAllocation, "allocation", s);
   bool ok = check(elman::lowrank_persistent_forward<__nv_bfloat16>(plan, a), "forward", s) &&
             check(cudaDeviceSynchronize(), "forward", s) &&
             check(elman::lowrank_persistent_backward<__nv_bfloat16>(plan, a), "backward", s) &&
@@ -149,7 +166,6 @@ bool run_lowrank(const Shape& s) {
     std::printf("T=%d B=%d D=%d r=%d (low-rank: %d clusters of %d CTAs of %d rows, rank tiles %d): "
                 "forward + backward ran\n",
                 s.T, s.B, s.D, s.r, plan.clusters, plan.cluster, 16 * plan.ka, plan.r16);
-  for (void* p : owned) cudaFree(p);
   return ok;
 }
 

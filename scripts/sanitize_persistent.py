@@ -14,7 +14,7 @@ import sys
 import torch
 
 from elman.families.dense import inputs, op as dense
-from elman.families.twogemm import op as twogemm
+from elman.families.twogemm import inputs as twogemm_inputs, op as twogemm
 
 SHAPES = ((5, 3, 512), (4, 20, 1024), (3, 9, 256), (3, 17, 768), (3, 5, 2048), (3, 13, 2048),
           (4, 20, 2048), (3, 64, 2048), (3, 5, 384), (3, 20, 1152), (3, 64, 1920))
@@ -34,10 +34,10 @@ def main() -> int:
         assert dense.last_path == {"forward": "persistent", "backward": "persistent"}, dense.last_path
         print(f"T={T} B={B} D={D}: persistent forward + backward ran", flush=True)
     for T, B, D, r in LOW_RANK:
-        kw = {k: (torch.randn(*shape, device="cuda", generator=g) * scale).to(torch.bfloat16).requires_grad_()
-              for k, shape, scale in (("a", (T, B, D), 1.0), ("c", (T, B, D), 1.0), ("u", (D, r), r ** -0.5),
-                                      ("v", (r, D), D ** -0.5), ("b", (D,), 0.1), ("h0", (B, D), 0.5))}
-        out, h = twogemm.lowrank_cell("gated_tanh", **kw, path="persistent")
+        x = {k: v.detach().to(torch.bfloat16).requires_grad_() for k, v in twogemm_inputs.random_inputs(
+            T, B, D, ("x", "z", "u", "v", "b", "h0"), "cuda", g, rank=r).items()}
+        out, h = twogemm.lowrank_cell("gated_tanh", x["x"], x["z"], x["u"], x["v"], x["b"], x["h0"],
+                                      path="persistent")
         (out.float().sum() + h.float().sum()).backward()
         torch.cuda.synchronize()
         assert twogemm.last_path == {"forward": "persistent", "backward": "persistent"}, twogemm.last_path

@@ -49,18 +49,18 @@ def test_every_job_builds_at_its_width_with_the_count_it_states():
     """Each line of the committed job files builds its model (on the meta device) with the
     parameter count of the comment above it: no width a constructor refuses reaches a GPU."""
     import torch
+    from elman.training import profile
     from elman.training.lm import LadderLM
     for table in ("50m", "100m"):
-        lines = (ROOT / "scripts" / f"train_{table}.jobs").read_text().splitlines()
-        for comment, line in zip(lines, lines[1:]):
-            if not line.startswith("python3"):
-                continue
-            arg = lambda name: re.search(rf"--{name} (\S+)", line).group(1)  # noqa: E731
+        path = ROOT / "scripts" / f"train_{table}.jobs"
+        stated = [int(n.replace(",", "")) for n in re.findall(r"^# \S+: ([\d,]+) parameters$",
+                                                               path.read_text(), re.M)]
+        jobs = profile.job_configs(path)
+        assert len(stated) == len(jobs)
+        for (level, dim, depth, expansion, *_), count in zip(jobs, stated):
             with torch.device("meta"):
-                m = LadderLM(arg("level"), int(arg("dim")), int(arg("depth")),
-                             expansion=float(arg("expansion")), backend="reference")
-            stated = int(re.search(r": ([\d,]+) parameters", comment).group(1).replace(",", ""))
-            assert sum(p.numel() for p in m.parameters()) == stated, line
+                m = LadderLM(level, dim, depth, expansion=expansion, backend="reference")
+            assert sum(p.numel() for p in m.parameters()) == count, (level, dim)
 
 
 def _row(level, seed, val_bits):

@@ -647,8 +647,8 @@ LowRankPlan lowrank_persistent_plan(int batch, int dim, int rank, bool bf16) {
     return plan;
   }
   int cluster = 1;
-  while (cluster * 128 < dim) cluster *= 2;
   if (r16 > kRegR16) cluster = (dim + 127) / 128;
+  else while (cluster * 128 < dim) cluster *= 2;
   if (cluster > 16) {
     plan.reason = "D above 2048 (at most 16 CTAs of 128 rows)";
     return plan;

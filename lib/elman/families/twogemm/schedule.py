@@ -24,11 +24,12 @@ def cluster_shape(D: int, r: int = 1) -> tuple[int, int]:
     """(C, S) as the kernel's plan chooses them: the fewest CTAs (a power of two; for r above
     256, whose receive buffers are larger, exactly ceil(D / 128)) of at most 128 rows, 64 rows a
     CTA where that covers D."""
-    C = 1
-    while C * 128 < D:
-        C *= 2
     if r > 256:
         C = -(-D // 128)
+    else:
+        C = 1
+        while C * 128 < D:
+            C *= 2
     return C, (64 if D <= C * 64 else 128)
 
 
