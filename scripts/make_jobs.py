@@ -9,7 +9,8 @@ count, so that no width is typed in. The tables' rows, depth, batch and corpus a
     python scripts/make_jobs.py 50m --missing > next.jobs
 
 A table's file runs every row of the seed study at seed 42, then E1 again at seed 43, then the
-table's further rows (the 100M table: every other registered variant, GRU and LSTM) at seed 42. Once the first seeds have
+table's further rows (the 100M table: every other registered variant, GRU and LSTM) at seed 42,
+but none for a row the table says cannot run at its protocol (E14 at 100M). Once the first seeds have
 run, `--top K` reads their records (the given run folders, else the chapter's pinned runs),
 ranks the table by validation loss and writes seed-43 jobs for the first K models that have
 no seed-43 run yet (E1's is in the table's file). `--missing` writes the jobs the table still
@@ -70,7 +71,8 @@ def jobs(table: str, levels: list[str] | None, seed: int, minutes: int) -> list[
 def table_jobs(table: str, minutes: int = 10) -> list[str]:
     """The table's job file: the seed study's rows at the protocol's seed, ALWAYS_SECOND at the
     second, then the further rows."""
-    further = list(leaderboard.TABLES[table].further)
+    t = leaderboard.TABLES[table]
+    further = [lv for lv in t.runnable if lv not in t.levels]
     return (jobs(table, None, leaderboard.SEED, minutes)
             + jobs(table, list(ALWAYS_SECOND), leaderboard.SECOND_SEED, minutes)
             + (jobs(table, further, leaderboard.SEED, minutes) if further else []))
@@ -97,7 +99,7 @@ def missing_jobs(table: str, rows: list[dict], minutes: int = 10) -> list[str]:
     ran = {(r["level"].lower(), r.get("seed")) for r in b.rows}
     first = [lv for lv in b.table.levels if (lv.lower(), leaderboard.SEED) not in ran]
     second = [lv for lv in ALWAYS_SECOND if (lv.lower(), leaderboard.SECOND_SEED) not in ran]
-    further = [lv for lv in b.table.further if (lv.lower(), leaderboard.SEED) not in ran]
+    further = [lv for lv in b.table.runnable if lv not in b.table.levels and (lv.lower(), leaderboard.SEED) not in ran]
     lines = (jobs(table, first, leaderboard.SEED, minutes) if first else []) + \
         (jobs(table, second, leaderboard.SECOND_SEED, minutes) if second else []) + \
         (jobs(table, further, leaderboard.SEED, minutes) if further else [])

@@ -87,12 +87,17 @@ def test_further_rows_join_the_100m_table_and_are_listed_apart_while_missing(tmp
     (_, b), _ = _boards(tmp_path, recs)
     t = lb.TABLES["100m"]
     assert [r["level"] for r in b.ranked] == ["E1", "gru"]
-    assert b.missing == [lv for lv in t.all_levels if lv not in ("E1", "gru")]
+    assert b.missing == [lv for lv in t.all_levels if lv not in ("E1", "gru", "E14")]
     line = [l for l in lb.status([b], []).splitlines() if "100M" in l][0]
-    assert f"2 of {len(t.all_levels)} models" in line
+    assert f"2 of {len(t.runnable)} models" in line and len(t.runnable) == len(t.all_levels) - 1
     seed_part, further_part = line.split("further variants not run yet: ")
     assert "E0" in further_part and "gru" not in further_part and "E0" not in seed_part
     assert "mamba2" in seed_part and "E1," not in seed_part
+    further_part, cannot_part = further_part.split("; E14 cannot run at this protocol: ")
+    assert "E14" not in further_part and "above the gated kernels' 128" in cannot_part
+    table = lb.markdown_table(b).splitlines()
+    assert [l for l in table if "| E14 |" in l][0].count("cannot run at this protocol") == 1
+    assert table.index([l for l in table if "| E14 |" in l][0]) == 2 + len(b.ranked) + len(b.missing)
 
 
 def test_the_later_run_of_a_model_and_seed_counts(tmp_path):
@@ -184,7 +189,7 @@ def test_seed_table_and_status(tmp_path):
     assert lb.seed_table(b100) is None
     text = lb.status([b, b100], others)
     assert "**50M table**: 1 of 11 models measured; several seeds: E1_d1280x6 x2; not run yet: E0," in text
-    assert "2 different GPUs" in text and "**100M table**: 0 of 34 models measured" in text
+    assert "2 different GPUs" in text and "**100M table**: 0 of 33 models measured" in text
     assert "Pinned but in neither table: E0_d1280x6" in text
 
 

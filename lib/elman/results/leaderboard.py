@@ -25,12 +25,21 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..families.matrix.gated_op import SIZES
 from . import training
 
 CORPUS = "debian-mix-1200M.txt.xz"  # the jobs' data file; a record is matched by the file's name
 DATA = f".cache/data/{CORPUS}"
 SEED, SECOND_SEED = 42, 43
 SLOW_PATHS = ("reference", "graph", "steps", "schedule")  # "schedule": a matrix op's PyTorch engine
+
+
+# E14's state is D x k a sequence with k = D; at the 100M width (D = 1024) one layer's state
+# alone is 4 MiB a sequence, beyond the gated kernels' on-chip state, and the reference loop
+# keeps every step's state for the backward (T B D^2 floats a layer).
+E14_TOO_WIDE = (f"its state is D x D a sequence (k = D); at this width D is above the gated kernels' "
+                f"{max(SIZES)} and the reference loop keeps every step's D x D state for the backward "
+                f"(the preflight's error is in the pinned log)")
 
 
 @dataclass(frozen=True)
@@ -45,10 +54,17 @@ class Table:
     minutes: float | None = 10.0
     lr: float = 3e-4
     further: tuple[str, ...] = ()       # rows beyond the seed study's, run after them
+    cannot_run: tuple[tuple[str, str], ...] = ()  # (level, why): rows no run can fill at this protocol
 
     @property
     def all_levels(self) -> tuple[str, ...]:
         return self.levels + self.further
+
+    @property
+    def runnable(self) -> tuple[str, ...]:
+        """The rows that jobs are written for: every level but those that cannot run."""
+        skip = {lv.lower() for lv, _ in self.cannot_run}
+        return tuple(lv for lv in self.all_levels if lv.lower() not in skip)
 
 
 TABLES = {
@@ -60,7 +76,8 @@ TABLES = {
                    "E61", "E63", "E62", "E66", "E88d_h12", "E75"),
                   ("100M",),
                   further=("E0", "E4", "E5", "E14", "E23", "E33", "E34", "E36", "E37v2", "E38", "E39",
-                           "E70", "E71", "E72", "E73", "E74v2", "gru", "lstm")),
+                           "E70", "E71", "E72", "E73", "E74v2", "gru", "lstm"),
+                  cannot_run=(("E14", E14_TOO_WIDE),)),
 }
 
 
@@ -130,7 +147,7 @@ class Board:
     rows: list[dict]                    # every run of the table, all seeds
     ranked: list[dict]                  # one row a model (its seed-42 run), by validation bits/byte
     seeds: dict[tuple, dict[int, dict]]  # model (model_key) -> seed -> row
-    missing: list[str]                  # the table's rows (levels, then further) with no run
+    missing: list[str]                  # the table's runnable rows (levels, then further) with no run
     noise: float | None                 # the largest seed-to-seed difference, bits/byte
 
 
@@ -143,7 +160,7 @@ def board(table: Table, rows: list[dict]) -> Board:
     ranked = sorted(primary, key=lambda r: (bits(r) is None, bits(r) or 0.0))
     measured = {r["level"].lower() for r in ranked}
     diffs = [d for d in (seed_difference(runs) for runs in seeds.values()) if d is not None]
-    return Board(table, rows, ranked, seeds, [lv for lv in table.all_levels if lv.lower() not in measured],
+    return Board(table, rows, ranked, seeds, [lv for lv in table.runnable if lv.lower() not in measured],
                  max(diffs) if diffs else None)
 
 
@@ -267,6 +284,7 @@ def markdown_table(b: Board, columns: tuple[str, ...] = FULL) -> str:
     notes = Notes()
     lines = ["| # | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
     entries = [(r["level"], r) for r in b.ranked] + [(lv, None) for lv in b.missing]
+    entries += [(lv, None) for lv, _ in b.table.cannot_run if lv.lower() not in {r["level"].lower() for r in b.ranked}]
     for i, (level, row) in enumerate(entries, 1):
         seed = seed_figures(level, b.table.seed_configs)
         cells = []
@@ -276,7 +294,8 @@ def markdown_table(b: Board, columns: tuple[str, ...] = FULL) -> str:
             elif c == "seed tokens/s":
                 cells.append(notes.mark(level, seed.get("tokens")))
             elif row is None:
-                cells.append(level if c == "model" else "not run yet" if c == "bits/byte ± se" else "")
+                cells.append(level if c == "model" else "" if c != "bits/byte ± se"
+                             else "cannot run at this protocol" if level not in b.missing else "not run yet")
             else:
                 cells.append(CELLS[c](row))
         lines.append(f"| {i if row else ''} | " + " | ".join(cells) + " |")
@@ -369,7 +388,7 @@ def status(bs: list[Board], others: list[tuple[dict, str]]) -> str:
     pinned train records of neither table."""
     lines = []
     for b in bs:
-        n, m = len(b.ranked), len(b.table.all_levels)
+        n, m = len(b.ranked), len(b.table.runnable)
         second = [f"{runs[min(runs)]['name']} x{len(runs)}" for runs in b.seeds.values() if len(runs) > 1]
         line = f"- **{b.table.title}**: {n} of {m} models measured"
         line += f"; several seeds: {', '.join(second)}" if second else ""
@@ -379,6 +398,7 @@ def status(bs: list[Board], others: list[tuple[dict, str]]) -> str:
             line += f"; not run yet: {', '.join(seed_rows)}"
         if further:
             line += f"; further variants not run yet: {', '.join(further)}"
+        line += "".join(f"; {lv} cannot run at this protocol: {why}" for lv, why in b.table.cannot_run)
         line += "."
         for what, key in (("data files", "data_sha256"), ("GPUs", "gpu")):
             kinds = sorted({str(r.get(key)) for r in b.rows})
