@@ -235,3 +235,10 @@ def test_figures(tmp_path):
     empty, _ = lb.boards([])
     assert plots.curves(empty[0], tmp_path) is None and plots.scatter(empty) is None
     assert plots.per_source(empty[1]) is None
+
+
+def test_a_fixed_path_baseline_recorded_as_pytorch_shows_its_library_path():
+    row = {"level": "mamba2", "family": None, "kernels": "pytorch x6"}
+    assert lb.kernels_text(row) == f"pytorch x6 (the record's label; the layer runs {lb.mamba2.IMPL})"
+    assert lb.kernels_text({**row, "kernels": f"{lb.mamba2.IMPL} x6"}) == f"{lb.mamba2.IMPL} x6"
+    assert lb.kernels_text({**row, "level": "E1", "family": "dense"}) == "pytorch x6"

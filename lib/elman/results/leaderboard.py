@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..baselines import mamba2
 from ..families.matrix.gated_op import SIZES
 from . import training
 
@@ -247,6 +248,22 @@ def kernel_flag(row: dict) -> str:
     return ""
 
 
+# A baseline layer names the library path it runs in its `impl`, which the trainer records; a
+# record written before the trainer read it says "pytorch" for every baseline layer. For the
+# baselines whose path is fixed, the table names it beside such a record's label.
+LIBRARY_PATHS = {"mamba2": mamba2.IMPL}
+
+
+def kernels_text(row: dict) -> str:
+    """The record's kernel-path summary; for a fixed-path baseline recorded as 'pytorch', with
+    the library path its layer runs."""
+    text = row.get("kernels") or "-"
+    impl = LIBRARY_PATHS.get(row["level"].lower())
+    if impl and row.get("family") is None and text.startswith("pytorch"):
+        text += f" (the record's label; the layer runs {impl})"
+    return text
+
+
 def bits_text(row: dict) -> str:
     v, se = bits(row), bits_se(row)
     return "-" if v is None else f"{v:.4f} ± {se:.4f}" if se is not None else f"{v:.4f}"
@@ -271,7 +288,7 @@ CELLS = {
     "peak GiB": lambda r: _num(r.get("peak_memory_mb") and r["peak_memory_mb"] / 1024, "{:.1f}"),
     "steps": lambda r: _num(r.get("steps"), "{:,}"),
     "data passes": lambda r: training.cell("data_passes", r),
-    "kernel paths": lambda r: " ".join(x for x in (kernel_flag(r), r.get("kernels") or "-") if x),
+    "kernel paths": lambda r: " ".join(x for x in (kernel_flag(r), kernels_text(r)) if x),
 }
 FULL = ("model", "bits/byte ± se", "nats/byte", "last-100", "last-1000", "seed last-100",
         "tokens/s", "seed tokens/s", "params", "peak GiB", "steps", "data passes", "kernel paths")
@@ -331,7 +348,8 @@ def preflight_table(b: Board, profiles: list[dict]) -> str | None:
                      + f" | {_params(r['params'].get('n_params'))} | {m['tokens_per_s']:,.0f} | "
                      + (f"{run['tokens_per_s']:,.0f}" if run else "not run yet")
                      + f" | {m['phase_ms']['step']:.1f} | {m['peak_mem_mb'] / 1024:.1f} | "
-                     + " ".join(x for x in (flag, m.get("kernels") or "-") if x) + " |")
+                     + " ".join(x for x in (flag, kernels_text({"level": level, "family": r["params"].get("family"),
+                                                                "kernels": m.get("kernels")})) if x) + " |")
     return "\n".join(lines)
 
 
