@@ -151,6 +151,21 @@ def test_preflight_table_lists_each_model_once_beside_its_run(tmp_path):
     assert typed.splitlines()[2].startswith("| E39 d1664 x 6 | 49.5M | 699,000 | not run yet |")
 
 
+
+def test_preflight_table_shows_a_failed_configuration_until_a_later_run_profiles_it():
+    from elman.training import profile
+
+    failed = {**profile.failure_record("E14", 512, 6, 2.0, 64, 512, {}, "trainer-graph", "after", "auto",
+                                       ValueError("n=1024 | v=1024 too wide")), "run": "a"}
+    b = lb.board(lb.TABLES["50m"], [])
+    rows = lb.preflight_table(b, [failed]).splitlines()[2:]
+    assert rows == ["| E14 d512 x 6 (e 2) | - | failed | - | - | - | ValueError: n=1024 \\| v=1024 too wide |"]
+    later = _profile("E14", 512, 500_000.0, "b")
+    later["params"]["expansion"] = 2.0
+    assert "| failed |" not in lb.preflight_table(b, [failed, later])
+    assert "| failed |" in lb.preflight_table(b, [{**later, "run": "0"}, failed])
+
+
 def test_table_cells_flags_and_seed_figures(tmp_path):
     reference = {"layers": [{"layer": "L", "backend": "reference", "forward": "reference"}], "backward": {}}
     unrecorded = {"layers": [{"layer": "L", "backend": "cuda", "forward": "pytorch"}], "backward": {}}

@@ -8,6 +8,7 @@ import argparse
 import pytest
 import torch
 
+from elman.core import records
 from elman.training import profile, train
 from elman.training.optim import AdamWScheduleFree
 from elman.training.data import TEST_SLICE
@@ -154,6 +155,20 @@ def test_profile_goes_on_after_a_failed_configuration(capsys):
     out = capsys.readouterr().out  # 4 configurations x 2 setups x 2 modes, each named twice
     assert out.count("FAILED") == 2 * 16 and "CUDA" in out
     assert "E1 d640 x 20 e 2 B 32 before graph" in out and "E1 d640 x 20 e 2 B 32 after lean" in out
+
+
+
+def test_profile_records_a_failed_configuration(tmp_path, monkeypatch):
+    if torch.cuda.is_available():
+        pytest.skip("checks the CPU-only failure path")
+    monkeypatch.setenv("ELMAN_RUN_DIR", str(tmp_path))
+    args = ["--level", "E1", "--dim", "32", "--depth", "1", "--batch", "2", "--seq", "8",
+            "--mode", "trainer-graph", "--setup", "after", "--record", "--brief"]
+    assert profile.main(args) == 1
+    [rec] = records.read([tmp_path])
+    assert rec["kind"] == "bench" and rec["params"]["measure"] == "lm_profile_failed"
+    assert (rec["params"]["level"], rec["params"]["dim"], rec["params"]["mode"]) == ("E1", 32, "trainer-graph")
+    assert rec["metrics"]["error"].startswith("RuntimeError: ") and "CUDA" in rec["metrics"]["error"]
 
 
 def test_profile_before_setup_copies_more():

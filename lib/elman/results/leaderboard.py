@@ -326,14 +326,16 @@ def preflight_table(b: Board, profiles: list[dict]) -> str | None:
     batch, depth and T in the step `elman train --graph` takes: a few steps of the model its job
     builds, on random bytes; gpu_pass.sh's preflight stage), each with its parameters, tokens/s,
     step time, peak memory and kernel paths, and the 10-minute run's tokens/s where the model has
-    one; None without such a record. The later run folder counts for a model profiled twice.
+    one; a model whose preflight failed (an `lm_profile_failed` record) shows the error; None
+    without such a record. The later run folder counts for a model profiled twice.
     A record's `family` param, where it has one, lets the kernel paths take kernel_flag's '?'."""
     t = b.table
     latest = {}
     for r in sorted(profiles, key=lambda r: r.get("run", "")):
         p = r["params"]
-        if (p.get("measure"), p.get("mode"), p.get("setup"), p["depth"], p["B"], p["T"]) == \
-                ("lm_profile", "trainer-graph", "after", t.depth, t.batch, t.seq):
+        if p.get("measure") in ("lm_profile", "lm_profile_failed") and \
+                (p.get("mode"), p.get("setup"), p["depth"], p["B"], p["T"]) == \
+                ("trainer-graph", "after", t.depth, t.batch, t.seq):
             latest[(table_level(t, p.get("level", r["variant"])), p["dim"], p["expansion"])] = r
     if not latest:
         return None
@@ -343,9 +345,13 @@ def preflight_table(b: Board, profiles: list[dict]) -> str | None:
              "|---|---|---|---|---|---|---|"]
     for (level, dim, e), r in sorted(latest.items(), key=lambda kv: (order.get(kv[0][0], len(order)), kv[0])):
         m, run = r["metrics"], runs.get((level, dim, e))
+        name = f"| {level} d{dim} x {t.depth}" + (f" (e {e:g})" if e != 1 else "")
+        if r["params"]["measure"] == "lm_profile_failed":
+            error = m["error"].replace("|", "\\|")  # a table cell
+            lines.append(f"{name} | - | failed | - | - | - | {error} |")
+            continue
         flag = kernel_flag({"kernel_paths": m.get("kernel_paths"), "family": r["params"].get("family")})
-        lines.append(f"| {level} d{dim} x {t.depth}" + (f" (e {e:g})" if e != 1 else "")
-                     + f" | {_params(r['params'].get('n_params'))} | {m['tokens_per_s']:,.0f} | "
+        lines.append(name + f" | {_params(r['params'].get('n_params'))} | {m['tokens_per_s']:,.0f} | "
                      + (f"{run['tokens_per_s']:,.0f}" if run else "not run yet")
                      + f" | {m['phase_ms']['step']:.1f} | {m['peak_mem_mb'] / 1024:.1f} | "
                      + " ".join(x for x in (flag, kernels_text({"level": level, "family": r["params"].get("family"),

@@ -35,6 +35,9 @@ tokens_per_s_median_step, kernel_ms_by_category, kernel_ms_total, idle_ms,
 spectral_forward_ms, largest_kernels_ms ([name, ms] pairs), host_ops ({phase: {ops, copies,
 copy_mb}}), peak_mem_mb, kernel_paths and kernels (the path every layer's forward ran and
 each family's backward, `paths.PathProbe`, taken on the first pass: in graph mode, the capture).
+With --record, a configuration that fails writes a record of measure 'lm_profile_failed' (the
+same params as far as they are known: level, dim, depth, expansion, B, T, options, mode, setup,
+norm; metrics: error), so that a preflight's failure is read from the run like its results.
 `python -m elman.training.profile --level E1 --dim 1280 --depth 6 --batch 64` prints the
 breakdown; `--preset issue20` runs issue 20's four configurations (E0, E1, E42 at d1280 x 6,
 B 64, T 512; E1 at d640, expansion 2, depth 20, B 32) in every setup and mode; `--norm elman
@@ -252,6 +255,15 @@ def lm_profile_record(level: str, dim: int, depth: int, expansion: float = 1.0, 
     return rec
 
 
+def failure_record(level: str, dim: int, depth: int, expansion: float, batch: int, seq: int,
+                   options: dict, mode: str, setup: str, norm: str, exc: BaseException) -> dict:
+    """The record of a configuration that raised `exc` before it was profiled."""
+    params = {"measure": "lm_profile_failed", "level": level, "dim": dim, "depth": depth,
+              "expansion": expansion, "B": batch, "T": seq, "options": options, "mode": mode,
+              "setup": setup, "norm": norm}
+    return records.make("bench", level, "lm", params, {"error": f"{type(exc).__name__}: {exc}"})
+
+
 def summary(rec: dict) -> str:
     m, p = rec["metrics"], rec["params"]
     mode = f", mode {p['mode']}" if "mode" in p else ""
@@ -369,6 +381,9 @@ def main(argv: list[str] | None = None) -> int:
             name = f"{level} d{dim} x {depth} e {expansion:g} B {batch}" + (f" {norm}" if norm != "auto" else "")
             failed.append(f"{name} {setup} {mode}: {type(exc).__name__}: {exc}")
             print(f"FAILED {failed[-1]}", flush=True)
+            if args.record:
+                records.write([failure_record(level, dim, depth, expansion, batch, seq, options,
+                                              mode, setup, norm, exc)])
             torch.cuda.empty_cache()
             continue
         recs.append(rec)
