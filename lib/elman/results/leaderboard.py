@@ -38,9 +38,9 @@ SLOW_PATHS = ("reference", "graph", "steps", "schedule")  # "schedule": a matrix
 # E14's state is D x k a sequence with k = D; at the 100M width (D = 1024) one layer's state
 # alone is 4 MiB a sequence, beyond the gated kernels' on-chip state, and the reference loop
 # keeps every step's state for the backward (T B D^2 floats a layer).
-E14_TOO_WIDE = (f"its state is D x D a sequence (k = D); at this width D is above the gated kernels' "
+E14_TOO_WIDE = ("its state is D x D a sequence (k = D); at this width D is above the gated kernels' "
                 f"{max(SIZES)} and the reference loop keeps every step's D x D state for the backward "
-                f"(the preflight's error is in the pinned log)")
+                "(the preflight's error is in the pinned log)")
 
 
 @dataclass(frozen=True)
