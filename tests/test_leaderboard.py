@@ -94,7 +94,9 @@ def test_further_rows_join_the_100m_table_and_are_listed_apart_while_missing(tmp
     assert "E0" in further_part and "gru" not in further_part and "E0" not in seed_part
     assert "mamba2" in seed_part and "E1," not in seed_part
     further_part, cannot_part = further_part.split("; E14 cannot run at this protocol: ")
-    assert "E14" not in further_part and "above the gated kernels' 128" in cannot_part
+    from elman.families.matrix import gated_op
+
+    assert "E14" not in further_part and f"above the gated kernels' {max(gated_op.SIZES)} " in cannot_part
     table = lb.markdown_table(b).splitlines()
     assert [l for l in table if "| E14 |" in l][0].count("cannot run at this protocol") == 1
     assert table.index([l for l in table if "| E14 |" in l][0]) == 2 + len(b.ranked) + len(b.missing)
@@ -253,7 +255,10 @@ def test_figures(tmp_path):
 
 
 def test_a_fixed_path_baseline_recorded_as_pytorch_shows_its_library_path():
+    from elman.baselines import mamba2
+
+    assert lb.LIBRARY_PATHS == {"mamba2": mamba2.IMPL}
     row = {"level": "mamba2", "family": None, "kernels": "pytorch x6"}
-    assert lb.kernels_text(row) == f"pytorch x6 (the record's label; the layer runs {lb.mamba2.IMPL})"
-    assert lb.kernels_text({**row, "kernels": f"{lb.mamba2.IMPL} x6"}) == f"{lb.mamba2.IMPL} x6"
+    assert lb.kernels_text(row) == f"pytorch x6 (the record's label; the layer runs {mamba2.IMPL})"
+    assert lb.kernels_text({**row, "kernels": f"{mamba2.IMPL} x6"}) == f"{mamba2.IMPL} x6"
     assert lb.kernels_text({**row, "level": "E1", "family": "dense"}) == "pytorch x6"
